@@ -1,0 +1,2 @@
+"""edge-infer engine."""
+__version__ = "0.1.0"

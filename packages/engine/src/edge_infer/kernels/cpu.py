@@ -1,0 +1,47 @@
+"""What this CPU can run, read once from /proc/cpuinfo (Linux) with torch's AMX probe."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.cache
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def isa_level() -> str:
+    """The best x86 vector level present: amx > avx512 > avx2 > baseline."""
+    flags = cpu_flags()
+    if {"amx_tile", "amx_bf16"} <= flags:
+        return "amx"
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        return "avx512"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "baseline"
+
+
+def fingerprint() -> dict:
+    flags = cpu_flags()
+    shown = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return {"cpu_model": cpu_model(), "isa": isa_level(), "cpu_flags": shown}

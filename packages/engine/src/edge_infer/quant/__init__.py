@@ -1,0 +1,1 @@
+"""4-bit weight quantization: primitives, scheme configs, checkpoint writer."""

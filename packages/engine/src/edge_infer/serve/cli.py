@@ -1,0 +1,106 @@
+"""`edge-infer serve [MODEL]` and `edge-infer generate MODEL PROMPT`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from edge_infer.errors import UsageError
+from edge_infer.serve.resolve import resolve
+from edge_infer.serve.runtime import vllm_env
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"port {port} out of range 1..65535")
+    return port
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible server (vLLM + our plugin); no MODEL = the embedded default",
+        description="Serve MODEL (a folder, or a name from `edge-infer models list`) with "
+        "vLLM's OpenAI-compatible server and its edge profile. With no MODEL, serves "
+        "smollm2-135m quantized to W4A16 (built on first use).",
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("EDGE_INFER_API_KEY"),
+                   help="require this bearer key (or EDGE_INFER_API_KEY)")
+    p.add_argument("--profile", help="profile name or .toml file (default: the model's own)")
+    p.add_argument("--threads", type=int, help="OpenMP threads (default: every allowed core)")
+    p.add_argument("--max-model-len", type=int, help="override the profile's context length")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="override the profile (on for serving by default)")
+    p.add_argument("--served-model-name", help="name clients use (default: from MODEL)")
+    p.add_argument("--dry-run", action="store_true", help="print the vLLM command and exit")
+    p.set_defaults(func=cmd_serve)
+
+
+def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    r = resolve(args.model, args.profile)
+    s = r.profile.serve
+    max_len = args.max_model_len or s.max_model_len
+    if max_len <= 0:
+        raise UsageError(f"--max-model-len {max_len}: must be positive")
+    prefix = s.prefix_caching if args.prefix_caching is None else args.prefix_caching
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(r.path),
+        "--served-model-name", args.served_model_name or r.served_name,
+        "--host", args.host, "--port", str(args.port),
+        "--dtype", s.dtype,
+        "--max-model-len", str(max_len),
+        "--max-num-seqs", str(s.max_num_seqs),
+        "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+    ]
+    if s.enforce_eager:
+        cmd.append("--enforce-eager")
+    if args.api_key:
+        cmd += ["--api-key", args.api_key]
+    if r.profile.chat.template:
+        fd, path = tempfile.mkstemp(prefix="edge-infer-chat-", suffix=".jinja")
+        with os.fdopen(fd, "w") as f:
+            f.write(r.profile.chat.template)
+        cmd += ["--chat-template", path]
+    env = {**os.environ, **vllm_env(r.profile, args.threads)}
+    return cmd, env
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cmd, env = serve_command(args)
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    shown = [c if c != args.api_key else "***" for c in cmd]
+    print("edge-infer serve: " + " ".join(shown[2:]), file=sys.stderr, flush=True)
+    # exec: signals reach vLLM directly, and no parent lingers after it exits
+    os.execve(sys.executable, cmd, env)
+
+
+def add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="one-off completion through vLLM (no server)")
+    p.add_argument("model", metavar="MODEL", help="folder or model name (see `models list`)")
+    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    p.add_argument("--profile")
+    p.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    if args.max_tokens <= 0:
+        raise UsageError(f"--max-tokens {args.max_tokens}: must be positive")
+    r = resolve(args.model, args.profile)
+    os.environ.update(vllm_env(r.profile))
+    from edge_infer.serve.offline import generate
+
+    print(generate(r, args.prompt, args.max_tokens, args.temperature, args.chat))
+    return 0

@@ -1,0 +1,1 @@
+"""Everything that imports vLLM internals lives here, behind the plugin seam."""

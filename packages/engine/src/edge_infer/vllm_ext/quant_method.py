@@ -1,0 +1,130 @@
+"""`edge_w4` inside vLLM: a QuantizationConfig and a LinearMethod over our 4-bit kernels.
+
+Checkpoint tensors per quantized linear (all with the output channel on dim 0, so vLLM's
+fused QKV / gate-up loaders shard them like plain weights):
+    <prefix>.qweight  uint8 [N, K/2]    packed codes (see quant.primitives)
+    <prefix>.scales   fp16|bf16 [N, K/group]
+    <prefix>.qzeros   uint8 [N, K/group] (zero-point variant only)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+    register_weight_loader_v2_supported_method,
+)
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
+
+from edge_infer.kernels import w4a16
+from edge_infer.quant.config import QUANT_METHOD, W4Config
+from edge_infer.quant.primitives import SCALE_DTYPES, unpack_nibbles
+
+log = logging.getLogger(__name__)
+_logged_kernels: set[str] = set()
+
+
+@register_quantization_config(QUANT_METHOD)
+class EdgeW4Config(QuantizationConfig):
+    def __init__(self, cfg: W4Config) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+    def __repr__(self) -> str:
+        return f"EdgeW4Config({self.cfg})"
+
+    def get_name(self) -> str:
+        return QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU method: no GPU capability involved
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []  # read from config.json's quantization_config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> EdgeW4Config:
+        return cls(W4Config.from_hf(config))
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, LinearBase):
+            if any(prefix.startswith(p) for p in self.cfg.modules_to_not_convert):
+                return UnquantizedLinearMethod()
+            return EdgeW4LinearMethod(self.cfg, prefix)
+        return None
+
+
+@register_weight_loader_v2_supported_method
+class EdgeW4LinearMethod(LinearMethodBase):
+    def __init__(self, cfg: W4Config, prefix: str = "") -> None:
+        self.cfg = cfg
+        self.prefix = prefix
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        input_size_per_partition: int,
+        output_partition_sizes: list[int],
+        input_size: int,
+        output_size: int,
+        params_dtype: torch.dtype,
+        **extra_weight_attrs,
+    ) -> None:
+        group = self.cfg.group_size
+        k = input_size_per_partition
+        n = sum(output_partition_sizes)
+        if k % group:
+            raise ValueError(
+                f"{self.prefix}: in_features {k} is not a multiple of group size {group}"
+            )
+        loader = extra_weight_attrs["weight_loader"]
+        qweight = ModelWeightParameter(
+            data=torch.empty(n, k // 2, dtype=torch.uint8),
+            input_dim=1, output_dim=0, weight_loader=loader,
+        )
+        scales = GroupQuantScaleParameter(
+            data=torch.empty(n, k // group, dtype=SCALE_DTYPES[self.cfg.scale_dtype]),
+            input_dim=1, output_dim=0, weight_loader=loader,
+        )
+        layer.register_parameter("qweight", qweight)
+        layer.register_parameter("scales", scales)
+        if self.cfg.zero_point:
+            qzeros = GroupQuantScaleParameter(
+                data=torch.empty(n, k // group, dtype=torch.uint8),
+                input_dim=1, output_dim=0, weight_loader=loader,
+            )
+            layer.register_parameter("qzeros", qzeros)
+        layer.w4_params_dtype = params_dtype
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        kernel = w4a16.select()
+        q = unpack_nibbles(layer.qweight.data)
+        zero = layer.qzeros.data if self.cfg.zero_point else None
+        layer.w4_kernel = kernel
+        layer.w4_packed = kernel.prepack(
+            q, layer.scales.data, zero, self.cfg.group_size, layer.w4_params_dtype
+        )
+        # The packed form replaces the checkpoint tensors: keep one copy of the weights.
+        del layer.qweight, layer.scales
+        if self.cfg.zero_point:
+            del layer.qzeros
+        if kernel.name not in _logged_kernels:
+            _logged_kernels.add(kernel.name)
+            log.info("edge_w4 %s: kernel %s", self.cfg.scheme, kernel.name)
+
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return layer.w4_kernel.forward(x, layer.w4_packed, bias)

@@ -1,0 +1,40 @@
+from conftest import run_cli
+
+
+def test_help_lists_installed_commands():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    assert "models" in out.stdout
+
+
+def test_every_subcommand_has_help():
+    for cmd in (["models"], ["models", "list"], ["models", "pull"], ["models", "verify"]):
+        out = run_cli(*cmd, "--help")
+        assert out.returncode == 0, out.stderr
+        assert "usage: edge-infer" in out.stdout
+
+
+def test_bad_usage_exits_2():
+    out = run_cli("no-such-command")
+    assert out.returncode == 2
+    out = run_cli("models", "pull", "no-such-model")
+    assert out.returncode == 2
+    assert "invalid choice" in out.stderr
+
+
+def test_missing_model_is_one_line_failure(tmp_path):
+    out = run_cli("models", "path", "smollm2-135m", env={"EDGE_INFER_HOME": str(tmp_path)})
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "not pulled" in lines[0] and "edge-infer models pull smollm2-135m" in lines[0]
+
+
+def test_list_json(tmp_path):
+    import json
+
+    out = run_cli("models", "list", "--json", env={"EDGE_INFER_HOME": str(tmp_path)})
+    assert out.returncode == 0
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen3-0.6b-random"} <= set(rows)
+    assert not any(r["pulled"] for r in rows.values())

