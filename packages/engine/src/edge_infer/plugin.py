@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 TESTED_VLLM = "0.32.0"
-log = logging.getLogger(__name__)
+log = logging.getLogger("vllm.edge_infer")
 _registered = False
 
 

@@ -32,6 +32,10 @@ class Reference:
         return True
 
     @staticmethod
+    def supports(n: int, k: int, group: int) -> bool:
+        return True
+
+    @staticmethod
     def prepack(q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
         return {"w": dequantize_w4(q, scale, zero, group).to(dtype)}
 
@@ -53,6 +57,11 @@ class TinyGemm:
     @staticmethod
     def available() -> bool:
         return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+    @staticmethod
+    def supports(n: int, k: int, group: int) -> bool:
+        # _convert_weight_to_int4pack_cpu: "expect N to be dividable by 16"
+        return n % 16 == 0 and k % group == 0
 
     @classmethod
     def prepack(cls, q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
@@ -86,7 +95,9 @@ KERNELS = {k.name: k for k in (TinyGemm, Reference)}
 PREFERENCE = ("tinygemm", "reference")
 
 
-def select(forced: str | None = None) -> type:
+def select(n: int, k: int, group: int, forced: str | None = None) -> type:
+    """The kernel for one [n, k] layer: forced by EDGE_INFER_W4_KERNEL, else the first
+    available kernel in PREFERENCE that supports the shape."""
     forced = forced or os.environ.get(FORCE_ENV)
     if forced:
         if forced not in KERNELS:
@@ -94,8 +105,11 @@ def select(forced: str | None = None) -> type:
         kernel = KERNELS[forced]
         if not kernel.available():
             raise RuntimeError(f"kernel {forced!r} cannot run on this CPU/build (isa {isa_level()})")
+        if not kernel.supports(n, k, group):
+            raise RuntimeError(f"kernel {forced!r} does not support a [{n}, {k}] layer, group {group}")
         return kernel
     for name in PREFERENCE:
-        if KERNELS[name].available():
-            return KERNELS[name]
-    raise RuntimeError("no W4A16 kernel available")
+        kernel = KERNELS[name]
+        if kernel.available() and kernel.supports(n, k, group):
+            return kernel
+    raise RuntimeError(f"no W4A16 kernel for a [{n}, {k}] layer, group {group}")

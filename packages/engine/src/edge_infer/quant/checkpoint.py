@@ -112,6 +112,7 @@ def quantize_checkpoint(model_dir: Path, out_dir: Path, cfg: W4Config,
     files = weight_files(model_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    tmp.chmod(0o755)
     try:
         n_q = n_kept = 0
         q_weights = q_bytes = 0
@@ -119,25 +120,23 @@ def quantize_checkpoint(model_dir: Path, out_dir: Path, cfg: W4Config,
         weight_map = {}
         for i, f in enumerate(files):
             shard = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+            out: dict[str, torch.Tensor] = {}
             with safe_open(f, "pt") as sf:
-                names = list(sf.keys())
-                src = {}
-                for name in tqdm(names, desc=f"quantize {f.name}", unit="tensor"):
+                for name in tqdm(list(sf.keys()), desc=f"quantize {f.name}", unit="tensor"):
                     t = sf.get_tensor(name)
-                    src[name] = t
                     total_params += t.numel()
                     if is_quantized_linear(name, cfg):
                         n_q += 1
                         q_weights += t.numel()
+                        parts = quantize_tensors({name: t}, cfg)
+                        q_bytes += sum(p.numel() * p.element_size() for p in parts.values())
+                        out.update(parts)
                     else:
                         n_kept += 1
-                out = quantize_tensors(src, cfg)
-            for name, t in out.items():
-                weight_map[name] = shard
-                if name.endswith((".qweight", ".scales", ".qzeros")):
-                    q_bytes += t.numel() * t.element_size()
+                        out[name] = t.contiguous()
+            weight_map.update(dict.fromkeys(out, shard))
             save_file(out, tmp / shard, metadata={"format": "pt"})
-            del src, out
+            del out
         if len(files) > 1:
             (tmp / "model.safetensors.index.json").write_text(
                 json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2)

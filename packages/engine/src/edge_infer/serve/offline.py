@@ -6,6 +6,11 @@ from edge_infer.serve.resolve import Resolved
 
 
 def make_llm(r: Resolved, *, prefix_caching: bool | None = None, **overrides):
+    import os
+
+    # One process: skips a second 15-35 s `import vllm` in a spawned engine core, and lets
+    # `LLM.apply_model` reach the model (tests, benchmarks).
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
     s = r.profile.serve

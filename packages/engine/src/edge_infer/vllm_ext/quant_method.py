@@ -27,7 +27,8 @@ from edge_infer.kernels import w4a16
 from edge_infer.quant.config import QUANT_METHOD, W4Config
 from edge_infer.quant.primitives import SCALE_DTYPES, unpack_nibbles
 
-log = logging.getLogger(__name__)
+# Under "vllm." so vLLM's own log handler prints it beside its other start-up lines.
+log = logging.getLogger("vllm.edge_infer")
 _logged_kernels: set[str] = set()
 
 
@@ -109,8 +110,8 @@ class EdgeW4LinearMethod(LinearMethodBase):
         layer.w4_params_dtype = params_dtype
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        kernel = w4a16.select()
         q = unpack_nibbles(layer.qweight.data)
+        kernel = w4a16.select(q.shape[0], q.shape[1], self.cfg.group_size)
         zero = layer.qzeros.data if self.cfg.zero_point else None
         layer.w4_kernel = kernel
         layer.w4_packed = kernel.prepack(
@@ -122,7 +123,8 @@ class EdgeW4LinearMethod(LinearMethodBase):
             del layer.qzeros
         if kernel.name not in _logged_kernels:
             _logged_kernels.add(kernel.name)
-            log.info("edge_w4 %s: kernel %s", self.cfg.scheme, kernel.name)
+            log.info("edge_w4 %s: kernel %s (first used by %s)", self.cfg.scheme, kernel.name,
+                     self.prefix)
 
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None

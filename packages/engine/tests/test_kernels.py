@@ -1,0 +1,139 @@
+"""Each W4A16 kernel against plain-torch dequantize-then-matmul, on awkward shapes."""
+
+import pytest
+import torch
+
+from edge_infer.kernels import w4a16
+from edge_infer.quant.primitives import (
+    check_groupable,
+    dequantize_w4,
+    pack_nibbles,
+    quantize_w4,
+    unpack_nibbles,
+)
+
+AVAILABLE = [k for k in w4a16.KERNELS.values() if k.available()]
+
+
+def runnable(kernel, n, k, g) -> bool:
+    """False for a shape the kernel refuses; then the dispatcher must pick another one."""
+    if kernel.supports(n, k, g):
+        return True
+    other = w4a16.select(n, k, g)
+    assert other is not kernel and other.supports(n, k, g)
+    return False
+SHAPES = [  # (M, N, K, group)
+    (1, 256, 512, 128),
+    (3, 96, 576, 64),  # K = 4.5 x 128: SmolLM2's hidden size
+    (512, 128, 256, 32),
+    (1, 8, 64, 32),  # N = 8: below tinygemm's N % 16
+    (7, 1536, 576, 64),
+]
+
+
+def reference(x, q, s, z, group):
+    return x.float() @ dequantize_w4(q, s, z, group).T
+
+
+@pytest.mark.parametrize("kernel", AVAILABLE, ids=lambda k: k.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("zero_point", [False, True], ids=["sym", "zp"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_kernel_matches_reference(kernel, shape, zero_point, dtype):
+    m, n, k, g = shape
+    if not runnable(kernel, n, k, g):
+        return
+    gen = torch.Generator().manual_seed(hash(shape) % 2**31)
+    w = torch.randn(n, k, generator=gen)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    q, s, z = quantize_w4(w, g, zero_point)
+    y = kernel.forward(x, kernel.prepack(q, s, z, g, dtype), None)
+    ref = reference(x, q, s, z, g)
+    assert y.shape == (m, n) and y.dtype == dtype
+    # fp32: only summation order differs. bf16: the output itself is rounded to 8 bits.
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    err = (y.float() - ref).abs().max() / ref.abs().max()
+    assert err < tol, f"{kernel.name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("kernel", AVAILABLE, ids=lambda k: k.name)
+def test_kernel_3d_input_and_bias(kernel):
+    q, s, z = quantize_w4(torch.randn(64, 128), 32, False)
+    x = torch.randn(2, 5, 128)
+    bias = torch.randn(64)
+    y = kernel.forward(x, kernel.prepack(q, s, z, 32, torch.float32), bias)
+    ref = reference(x.reshape(10, 128), q, s, z, 32).reshape(2, 5, 64) + bias
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", AVAILABLE, ids=lambda k: k.name)
+def test_extreme_codes(kernel):
+    """Codes at 0 and 15, zero points at 0 and 15, huge and tiny scales."""
+    n, k, g = 32, 64, 32
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    q[0], q[1] = 0, 15
+    s = torch.full((n, k // g), 1e-3).to(torch.bfloat16)
+    s[2] = 3e3
+    z = torch.randint(0, 16, (n, k // g), dtype=torch.uint8)
+    z[3], z[4] = 0, 15
+    x = torch.randn(3, k)
+    y = kernel.forward(x, kernel.prepack(q, s, z, g, torch.float32), None)
+    ref = reference(x, q, s, z, g)
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_k_not_multiple_of_group_is_refused():
+    with pytest.raises(ValueError, match="not a multiple of the group size 128"):
+        quantize_w4(torch.randn(8, 576), 128, False)
+    with pytest.raises(ValueError, match="e.g. 64"):
+        check_groupable((8, 576), 128)
+
+
+def test_quantization_error_is_bounded():
+    w = torch.randn(64, 256)
+    for zp in (False, True):
+        q, s, z = quantize_w4(w, 32, zp)
+        err = (dequantize_w4(q, s, z, 32) - w).abs()
+        # Rounding is half a step, but the grid ends can be a full step off: symmetric maps
+        # the signed extreme to -8 so the other side tops out at +7; a rounded zero point
+        # shifts the grid by up to half a step. bf16 scales add ~1%.
+        step = s.float().abs().repeat_interleave(32, dim=1)
+        assert (err <= step * 1.01 + 1e-6).all()
+        assert (err <= step * 0.51 + 1e-6).float().mean() > 0.99
+        assert int(q.max()) <= 15
+
+
+def test_symmetric_zero_group_does_not_divide_by_zero():
+    w = torch.zeros(4, 64)
+    q, s, z = quantize_w4(w, 32, False)
+    assert torch.isfinite(dequantize_w4(q, s, z, 32)).all()
+    assert (dequantize_w4(q, s, z, 32) == 0).all()
+
+
+def test_nibble_packing_round_trips():
+    q = torch.randint(0, 16, (5, 10), dtype=torch.uint8)
+    packed = pack_nibbles(q)
+    assert packed.shape == (5, 5)
+    assert int(packed[0, 0]) == int(q[0, 0]) | (int(q[0, 1]) << 4)
+    assert torch.equal(unpack_nibbles(packed), q)
+
+
+def test_forced_dispatch(monkeypatch):
+    monkeypatch.setenv(w4a16.FORCE_ENV, "reference")
+    assert w4a16.select(64, 128, 32) is w4a16.Reference
+    monkeypatch.setenv(w4a16.FORCE_ENV, "nonsense")
+    with pytest.raises(ValueError, match="unknown kernel"):
+        w4a16.select(64, 128, 32)
+    monkeypatch.setenv(w4a16.FORCE_ENV, "tinygemm")
+    with pytest.raises(RuntimeError, match="does not support"):
+        w4a16.select(8, 128, 32)
+
+
+def test_unavailable_kernel_falls_back(monkeypatch):
+    """A CPU/build without the preferred kernel gets the next one, never a crash."""
+    monkeypatch.delenv(w4a16.FORCE_ENV, raising=False)
+    monkeypatch.setattr(w4a16.TinyGemm, "available", staticmethod(lambda: False))
+    assert w4a16.select(64, 128, 32) is w4a16.Reference
+    monkeypatch.setenv(w4a16.FORCE_ENV, "tinygemm")
+    with pytest.raises(RuntimeError, match="cannot run on this CPU"):
+        w4a16.select(64, 128, 32)
