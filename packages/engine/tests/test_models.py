@@ -12,8 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 
+from conftest import run_cli
 from edge_infer.errors import EdgeInferError
 from edge_infer.models import registry
 from edge_infer.models.pull import pull

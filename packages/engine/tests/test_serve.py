@@ -137,7 +137,8 @@ def test_bad_request_is_4xx_with_message(server, client, case):
     path = "/v1/chat/completions" if b'"messages"' in BAD[case] else "/v1/completions"
     status, body = raw(base, path, BAD[case])
     assert 400 <= status < 500, (status, body)
-    message = body.get("error", {}).get("message") if isinstance(body.get("error"), dict) else body.get("error")
+    error = body.get("error")
+    message = error.get("message") if isinstance(error, dict) else error
     assert message, body
     # and the server still answers a normal request
     r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)

@@ -33,9 +33,8 @@ def register() -> None:
     import vllm
 
     check_version(vllm.__version__)
-    from edge_infer.vllm_ext import quant_method  # noqa: F401  (registers edge_w4)
-
     from edge_infer import __version__
+    from edge_infer.vllm_ext import quant_method  # noqa: F401  (registers edge_w4)
 
     log.info("edge-infer %s plugin registered into vLLM %s", __version__, vllm.__version__)
     _registered = True
