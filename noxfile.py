@@ -86,6 +86,14 @@ def serve(session: nox.Session) -> None:
     session.run("edge-infer", "serve", *session.posargs, env=OFFLINE_ENV)
 
 
+@nox.session(name="serve-smoke", tags=["bench"])
+def serve_smoke(session: nox.Session) -> None:
+    """Greedy W4A16 vs bf16 on 12 prompts, and serve cold start + decode (median of 5),
+    appended to docs/results/engine.jsonl. Args go to edge_infer.serve.smoke."""
+    sync(session, "edge-infer", extras=("vllm",))
+    session.run("python", "-m", "edge_infer.serve.smoke", *session.posargs, env=OFFLINE_ENV)
+
+
 @nox.session
 def models(session: nox.Session) -> None:
     """`edge-infer models ...` in the engine environment, e.g. `nox -s models -- pull NAME`."""
@@ -95,3 +103,37 @@ def models(session: nox.Session) -> None:
 
 if os.environ.get("CI"):
     nox.options.error_on_missing_interpreters = True
+
+
+BENCH_MODELS = ("smollm2-135m", "qwen3-0.6b-random")
+# torch's floor runs fp32 (the bf16 weights upcast, lossless): on AVX2 without native bf16,
+# torch's bf16 matmuls are several times slower than its fp32 ones.
+BENCH_ENGINES = "ours:bf16,ours:w4a16,llama.cpp:bf16,llama.cpp:q4_k_m,llama.cpp:q4_0,torch:fp32"
+
+
+@nox.session(name="bench-x86", tags=["bench"])
+def bench_x86(session: nox.Session) -> None:
+    """The speed grid on this host: engine x quant x model, llama-bench pp512/tg128 -r 5, pinned
+    and guarded; the GEMM microbenchmark; then docs/results/report.md + plots, ending with the
+    ratio table ours / llama.cpp and % of the streaming-read ceiling. Args go to `bench run`
+    (e.g. `-- --wait 600` to wait for a quiet machine, `-- --force` to measure on a busy one)."""
+    sync(session, "edge-infer-harness")
+    for model in BENCH_MODELS:
+        session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
+    models = ",".join(BENCH_MODELS)
+    session.run("edge-infer", "bench", "run", "-m", models, "-e", BENCH_ENGINES,
+                "-p", "512", "-n", "128", "-r", "5", *session.posargs, env=OFFLINE_ENV)
+    session.run("edge-infer", "bench", "gemm", "-m", models, *_isolation_args(session.posargs),
+                env=OFFLINE_ENV)
+    session.run("edge-infer", "bench", "report", env=OFFLINE_ENV)
+
+
+def _isolation_args(args: list[str]) -> list[str]:
+    """The isolation flags of `bench run` args, which `bench gemm` shares."""
+    out, takes_value = [], {"--cores", "--threshold", "--window", "--wait", "--lock-wait"}
+    for i, a in enumerate(args):
+        if a == "--force" or a.split("=")[0] in takes_value:
+            out.append(a)
+            if a in takes_value and i + 1 < len(args):
+                out.append(args[i + 1])
+    return out

@@ -4,7 +4,7 @@ A profile file has up to four tables, every key optional (defaults below):
 
     [serve]   max_model_len, kv_cache_gib, dtype, enforce_eager, prefix_caching, max_num_seqs
     [threads] cores ("all" or a list of CPU ids), reserve (CPUs left to the API server)
-    [quant]   scheme, group_size, zero_point, scale_dtype   (the default 4-bit build)
+    [quant]   scheme, group_size, zero_point, scale_dtype, quantize_lm_head  (default 4-bit build)
     [chat]    template (a Jinja chat template; empty = the tokenizer's own)
 
 Unknown tables or keys, or values of the wrong type, are errors that name the key.
@@ -46,10 +46,12 @@ class Quant:
     group_size: int = 128
     zero_point: bool = False
     scale_dtype: str = "bf16"
+    quantize_lm_head: bool = False
 
     def to_config(self) -> W4Config:
         return W4Config(scheme=self.scheme, group_size=self.group_size,
-                        zero_point=self.zero_point, scale_dtype=self.scale_dtype)
+                        zero_point=self.zero_point, scale_dtype=self.scale_dtype,
+                        quantize_lm_head=self.quantize_lm_head)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """`edge-infer quantize`: a bf16 HF folder -> an `edge_w4` HF folder vLLM loads as is.
 
 Which tensors are quantized: every 2-D `*_proj.weight` inside the decoder layers (attention
-and MLP projections). Embeddings, norms and the LM head stay bf16 (see W4Config).
+and MLP projections), and with `quantize_lm_head` the embedding table and LM head too.
+Norms always stay bf16.
 Safetensors in, safetensors out: nothing is ever unpickled. The output folder appears only
 when complete (written beside it, then renamed).
 """
@@ -26,6 +27,7 @@ from edge_infer.quant.config import W4Config
 from edge_infer.quant.primitives import SCALE_DTYPES, check_groupable, pack_nibbles, quantize_w4
 
 LINEAR = re.compile(r"^model\.layers\.\d+\..*_proj\.weight$")
+VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "chat_template.jinja", "tokenizer.model",
               "vocab.json", "merges.txt")
@@ -49,6 +51,8 @@ class QuantReport:
 
 
 def is_quantized_linear(name: str, cfg: W4Config) -> bool:
+    if name in VOCAB:
+        return cfg.quantize_lm_head
     if not LINEAR.match(name):
         return False
     module = name.removesuffix(".weight")

@@ -19,6 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group", type=int, choices=GROUPS, default=128)
     p.add_argument("--zero-point", action="store_true", help="asymmetric: uint4 codes + zero")
     p.add_argument("--scale-dtype", choices=("fp16", "bf16"), default="bf16")
+    p.add_argument("--quantize-lm-head", action="store_true",
+                   help="also 4-bit the LM head and embedding table (tied or not)")
     p.add_argument("--overwrite", action="store_true")
     p.set_defaults(func=cmd_quantize)
 
@@ -35,7 +37,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if not src.is_dir():
         raise UsageError(f"MODEL_DIR {src} is not a folder")
     cfg = W4Config(scheme=args.scheme, group_size=args.group, zero_point=args.zero_point,
-                   scale_dtype=args.scale_dtype)
+                   scale_dtype=args.scale_dtype, quantize_lm_head=args.quantize_lm_head)
     try:
         report = quantize_checkpoint(src, args.out_dir, cfg, overwrite=args.overwrite)
     except ValueError as exc:  # e.g. a group that does not divide a layer's in_features

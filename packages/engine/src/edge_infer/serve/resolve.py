@@ -25,7 +25,8 @@ def default_build(name: str, profile: profiles.Profile) -> Path:
     """The profile's default 4-bit build of a registry model, built once and cached."""
     cfg = profile.quant.to_config()
     zp = "-zp" if cfg.zero_point else ""
-    out = home() / "checkpoints" / f"{name}-{cfg.scheme}-g{cfg.group_size}{zp}"
+    head = "-head" if cfg.quantize_lm_head else ""
+    out = home() / "checkpoints" / f"{name}-{cfg.scheme}-g{cfg.group_size}{zp}{head}"
     if not (out / "config.json").is_file():
         hf = pull(name).hf_dir
         quantize_checkpoint(hf, out, cfg, overwrite=True)

