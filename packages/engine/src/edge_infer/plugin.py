@@ -11,6 +11,8 @@ import logging
 TESTED_VLLM = "0.32.0"
 log = logging.getLogger("vllm.edge_infer")
 _registered = False
+# Architectures we implement that vLLM 0.32 does not: architecture -> "module:class".
+MODELS = {"Spark2_5ForCausalLM": "edge_infer.vllm_ext.spark:Spark2_5ForCausalLM"}
 
 
 class UnsupportedVLLM(RuntimeError):
@@ -36,5 +38,24 @@ def register() -> None:
     from edge_infer import __version__
     from edge_infer.vllm_ext import quant_method  # noqa: F401  (registers edge_w4)
 
+    register_models()
     log.info("edge-infer %s plugin registered into vLLM %s", __version__, vllm.__version__)
     _registered = True
+
+
+def register_models() -> None:
+    """Our model classes, and their transformers configs (AutoConfig, no remote code).
+
+    Where vLLM already ships an architecture, its own implementation wins: we stand down.
+    """
+    from vllm import ModelRegistry
+
+    from edge_infer.models import spark_config
+
+    spark_config.register()
+    for arch, target in MODELS.items():
+        existing = ModelRegistry.models.get(arch)
+        if existing is not None and not getattr(existing, "module_name", "").startswith("edge_infer"):
+            log.info("vLLM ships %s: edge-infer's implementation stands down", arch)
+            continue
+        ModelRegistry.register_model(arch, target)

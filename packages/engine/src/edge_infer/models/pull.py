@@ -7,6 +7,7 @@ import logging
 import tempfile
 from pathlib import Path
 
+from edge_infer import profiles
 from edge_infer.errors import EdgeInferError
 from edge_infer.home import models_dir
 from edge_infer.models import convert, fetch, random_weights
@@ -48,7 +49,7 @@ def pull(name: str, *, force: bool = False) -> PulledModel:
             if isinstance(spec.source, GGUFSource):
                 extra = _pull_gguf(spec.source, tmp)
             else:
-                extra = _pull_random(spec.source, tmp)
+                extra = _pull_random(spec, tmp)
             write_manifest(tmp, spec, extra)
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
@@ -78,7 +79,14 @@ def _pull_gguf(source: GGUFSource, root: Path) -> dict:
     }
 
 
-def _pull_random(source: RandomSource, root: Path) -> dict:
+def _pull_random(spec: ModelSpec, root: Path) -> dict:
+    source = spec.source
     tokenizer_model = pull(source.tokenizer_from)
-    random_weights.build_random(source.config, source.seed, tokenizer_model.hf_dir, root / "hf")
+    # The model's chat format is its profile's (the HF folder then carries it for other engines).
+    template = profiles.load(spec.name).chat.template or None
+    random_weights.build_random(
+        source.config, source.seed, tokenizer_model.hf_dir, root / "hf",
+        special_tokens=source.special_tokens, bos=source.bos_token, eos=source.eos_token,
+        chat_template=template,
+    )
     return {"source": {"kind": "random", "seed": source.seed, "tokenizer": source.tokenizer_from}}

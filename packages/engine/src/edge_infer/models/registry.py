@@ -39,6 +39,11 @@ class RandomSource:
     config: dict[str, Any]
     seed: int
     tokenizer_from: str  # a GGUF-sourced model whose tokenizer is reused
+    # Tokens added to that tokenizer (special), then reserved tokens up to the config's
+    # vocab_size, so every id the model can emit decodes; bos/eos name two of them.
+    special_tokens: tuple[str, ...] = ()
+    bos_token: str | None = None
+    eos_token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,67 @@ def _qwen3(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int) -> dic
         "bos_token_id": 1,
         "eos_token_id": 2,
     }
+
+
+# Spark-X2.5 facts (XHToken, Apache-2.0; ../shared/DESIGN.md section 2): layers repeat three
+# sliding-window layers then one full-attention layer; RoPE differs per layer type.
+SPARK_LAYER_PATTERN = ("sliding_attention",) * 3 + ("full_attention",)
+SPARK_SOS, SPARK_EOS = "<\uff5cstart\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"
+SPARK_SPECIAL_TOKENS = (SPARK_SOS, SPARK_EOS, "<|System|>", "<|User|>", "<|Bot|>")
+
+
+def spark_layer_types(layers: int) -> list[str]:
+    return [SPARK_LAYER_PATTERN[i % len(SPARK_LAYER_PATTERN)] for i in range(layers)]
+
+
+def spark_rope_parameters() -> dict[str, dict[str, Any]]:
+    return {
+        "full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0,
+                           "partial_rotary_factor": 0.25},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0,
+                              "partial_rotary_factor": 1.0},
+    }
+
+
+def spark(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, *, head_dim: int = 256,
+          vocab: int = 131072, window: int = 512, max_positions: int = 32768) -> dict[str, Any]:
+    """A Spark-X2.5 config.json; the defaults are the published models' (the keys llama.cpp's
+    converter checks included: layer_types, rope_parameters, the gate's kind, hidden_act)."""
+    return {
+        "architectures": ["Spark2_5ForCausalLM"],
+        "model_type": "spark2_5",
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "max_position_embeddings": max_positions,
+        "sliding_window": window,
+        "layer_types": spark_layer_types(layers),
+        "rope_parameters": spark_rope_parameters(),
+        "headwise_attn_output_gate": True,
+        "gate_attn_act_mode": "sigmoid",
+        "hidden_act": "gelu",
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def _spark_random(size: str, config: dict[str, Any]) -> ModelSpec:
+    return ModelSpec(
+        name=f"spark-x2.5-{size}-random",
+        description=f"Spark-X2.5-{size.upper()} shapes, random weights (seed 0) for speed work",
+        arch="spark2_5",
+        license="Apache-2.0",
+        tags=("random",),
+        source=RandomSource(config, seed=0, tokenizer_from="smollm2-135m",
+                            special_tokens=SPARK_SPECIAL_TOKENS, bos_token=SPARK_SOS,
+                            eos_token=SPARK_EOS),
+    )
 
 
 _MODELS = [
@@ -145,6 +211,8 @@ _MODELS = [
         tags=("random",),
         source=RandomSource(_qwen3(2048, 6144, 28, 16, 8), seed=0, tokenizer_from="smollm2-135m"),
     ),
+    _spark_random("1.7b", spark(2048, 6656, 28, 8, 2)),
+    _spark_random("4b", spark(2560, 10240, 36, 16, 4)),
 ]
 
 REGISTRY: dict[str, ModelSpec] = {m.name: m for m in _MODELS}

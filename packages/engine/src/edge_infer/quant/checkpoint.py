@@ -1,7 +1,8 @@
 """`edge-infer quantize`: a bf16 HF folder -> an `edge_w4` HF folder vLLM loads as is.
 
 Which tensors are quantized: every 2-D `*_proj.weight` inside the decoder layers (attention
-and MLP projections), and with `quantize_lm_head` the embedding table and LM head too.
+and MLP projections; not Spark-X2.5's tiny head-wise gate `g_proj`), and with
+`quantize_lm_head` the embedding table and LM head too.
 Norms always stay bf16.
 Safetensors in, safetensors out: nothing is ever unpickled. The output folder appears only
 when complete (written beside it, then renamed).
@@ -27,7 +28,10 @@ from edge_infer.quant.config import W4Config
 from edge_infer.quant.primitives import SCALE_DTYPES, check_groupable, pack_nibbles, quantize_w4
 
 LINEAR = re.compile(r"^model\.layers\.\d+\..*_proj\.weight$")
-VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+# Spark-X2.5's head-wise attention gate (hidden -> one logit per head, 8-16 rows): too small
+# to matter, and our vLLM class builds it unquantized.
+KEEP = re.compile(r"^model\.layers\.\d+\.self_attn\.g_proj\.weight$")
+VOCAB = ("model.embed_tokens.weight", "model.embedding.weight", "lm_head.weight")
 COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "chat_template.jinja", "tokenizer.model",
               "vocab.json", "merges.txt")
@@ -53,7 +57,7 @@ class QuantReport:
 def is_quantized_linear(name: str, cfg: W4Config) -> bool:
     if name in VOCAB:
         return cfg.quantize_lm_head
-    if not LINEAR.match(name):
+    if not LINEAR.match(name) or KEEP.match(name):
         return False
     module = name.removesuffix(".weight")
     return not any(module.startswith(p) for p in cfg.modules_to_not_convert)
