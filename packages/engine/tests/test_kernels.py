@@ -161,3 +161,24 @@ def test_wna16_packing_layout():
     assert packed.shape == (1, 2)
     word = int(packed[0, 0]) & 0xFFFFFFFF
     assert [(word >> (4 * i)) & 0xF for i in range(8)] == list(range(8))
+
+
+def test_self_check_drops_a_wrong_kernel(monkeypatch):
+    """A kernel under self-check whose output is wrong is replaced at load, never used."""
+
+    class Broken(w4a16.Reference):
+        name = "broken"
+        self_check = True
+
+        @staticmethod
+        def forward(x, p, bias):
+            return torch.zeros(*x.shape[:-1], p["w"].shape[0], dtype=x.dtype) + 1.0
+
+    monkeypatch.setitem(w4a16.KERNELS, "broken", Broken)
+    monkeypatch.setattr(w4a16, "PREFERENCE", ("broken", *w4a16.PREFERENCE))
+    q, s, z = quantize_w4(torch.randn(64, 128), 32, False)
+    kernel, packed = w4a16.prepack_checked(q, s, z, 32, torch.float32)
+    assert kernel is not Broken
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(kernel.forward(x, packed, None), reference(x, q, s, z, 32),
+                               rtol=1e-4, atol=1e-4)

@@ -26,6 +26,7 @@ class Reference:
     """Dequantize to the activation dtype, then F.linear. Correct everywhere, slow."""
 
     name = "reference"
+    self_check = False
 
     @staticmethod
     def available() -> bool:
@@ -52,6 +53,7 @@ class TinyGemm:
     """
 
     name = "tinygemm"
+    self_check = False
     INNER_K_TILES = 2
 
     @staticmethod
@@ -107,11 +109,12 @@ class VllmWna16:
     GPTQ checkpoint): codes packed 8 per int32 along the output dim, then blocks of 16
     output channels made contiguous along K; scales [G, N]; zero points [G, N/8] packed the
     same way, or none for the bias-8 (symmetric) type.
-    NOTE: not yet run on an AVX-512/AMX host; until a device check passes, prefer tinygemm
-    by forcing EDGE_INFER_W4_KERNEL=tinygemm where in doubt.
+    Not yet run on an AVX-512/AMX host, so `self_check` is on: each layer's packed form is
+    compared once, at load, with the reference on a probe input, and a mismatch falls back.
     """
 
     name = "vllm-wna16"
+    self_check = True
 
     @staticmethod
     def available() -> bool:
@@ -163,3 +166,28 @@ def select(n: int, k: int, group: int, forced: str | None = None) -> type:
         if kernel.available() and kernel.supports(n, k, group):
             return kernel
     raise RuntimeError(f"no W4A16 kernel for a [{n}, {k}] layer, group {group}")
+
+
+def agrees_with_reference(kernel: type, packed: dict[str, Any], q, scale, zero, group: int,
+                          dtype: torch.dtype) -> bool:
+    """One probe matmul against dequantize-then-matmul: catches a wrong layout at load."""
+    x = torch.randn(2, q.shape[1], generator=torch.Generator().manual_seed(0)).to(dtype)
+    got = kernel.forward(x, packed, None).float()
+    ref = x.float() @ dequantize_w4(q, scale, zero, group).T
+    return bool((got - ref).abs().max() <= 2e-2 * ref.abs().max() + 1e-3)
+
+
+def prepack_checked(q, scale, zero, group: int, dtype: torch.dtype) -> tuple[type, dict[str, Any]]:
+    """Select and prepack for one layer; a kernel under self-check that disagrees with the
+    reference is dropped for the next one (logged), never used to compute garbage."""
+    n, k = q.shape
+    kernel = select(n, k, group)
+    packed = kernel.prepack(q, scale, zero, group, dtype)
+    if kernel.self_check and not agrees_with_reference(kernel, packed, q, scale, zero, group, dtype):
+        log.error("kernel %s disagrees with the reference on a [%d, %d] layer; using tinygemm "
+                  "or the reference instead", kernel.name, n, k)
+        for name in PREFERENCE[PREFERENCE.index(kernel.name) + 1:]:
+            fallback = KERNELS[name]
+            if fallback.available() and fallback.supports(n, k, group):
+                return fallback, fallback.prepack(q, scale, zero, group, dtype)
+    return kernel, packed

@@ -119,12 +119,11 @@ class EdgeW4LinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         q = unpack_nibbles(layer.qweight.data)
-        kernel = w4a16.select(q.shape[0], q.shape[1], self.cfg.group_size)
         zero = layer.qzeros.data if self.cfg.zero_point else None
-        layer.w4_kernel = kernel
-        layer.w4_packed = kernel.prepack(
+        kernel, layer.w4_packed = w4a16.prepack_checked(
             q, layer.scales.data, zero, self.cfg.group_size, layer.w4_params_dtype
         )
+        layer.w4_kernel = kernel
         # The packed form replaces the checkpoint tensors: keep one copy of the weights.
         del layer.qweight, layer.scales
         if self.cfg.zero_point:
@@ -172,13 +171,11 @@ class EdgeW4EmbeddingMethod(EdgeW4LinearMethod):
         if not isinstance(layer, ParallelLMHead):
             return  # the embedding gathers rows straight from the loaded codes
         q = unpack_nibbles(layer.qweight.data)
-        kernel = w4a16.select(q.shape[0], q.shape[1], self.cfg.group_size)
         zero = layer.qzeros.data if self.cfg.zero_point else None
-        layer.w4_kernel = kernel
-        layer.w4_packed = kernel.prepack(
+        layer.w4_kernel, layer.w4_packed = w4a16.prepack_checked(
             q, layer.scales.data, zero, self.cfg.group_size, layer.w4_params_dtype
         )
-        log.info("edge_w4 lm_head: kernel %s", kernel.name)
+        log.info("edge_w4 lm_head: kernel %s", layer.w4_kernel.name)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         rows = unpack_nibbles(layer.qweight.data[input_.reshape(-1)])
