@@ -1,0 +1,1 @@
+"""Measurements: the benchmark plan and loop, the bandwidth ceiling, the GEMM microbenchmark."""

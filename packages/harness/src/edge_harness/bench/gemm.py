@@ -1,0 +1,184 @@
+"""GEMM microbenchmark: each of our 4-bit kernels against bf16 / fp32 `F.linear`.
+
+Shapes are the linear layers our engine runs for a model, as vLLM fuses them: qkv_proj
+[(q+2kv) x head_dim, hidden], o_proj [hidden, q x head_dim], gate_up_proj [2 x ffn, hidden],
+down_proj [hidden, ffn]; at M=1 (a decode step) and M=512 (a pp512 prefill). Weights are random
+N(0, 0.02), quantized with `edge_infer.quant.primitives.quantize_w4` at the model's group size
+and prepacked by each kernel (`edge_infer.kernels.w4a16.KERNELS`), exactly as the engine loads
+them.
+
+Per call: GFLOP/s = 2*M*N*K / t; GB/s = bytes of the weights as the kernel holds them (its
+prepacked tensors: codes, scales, zero terms) / t. At M=1 a kernel is memory-bound and GB/s is
+the number to hold against the streaming ceiling; at M=512 it is compute-bound and GFLOP/s is.
+
+Runs inside a pinned child (see bench.run) with torch's thread count set to the benchmark's.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+MS = (1, 512)
+
+
+def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    h = config["hidden_size"]
+    nq = config["num_attention_heads"]
+    nkv = config.get("num_key_value_heads", nq)
+    d = config.get("head_dim") or h // nq
+    f = config["intermediate_size"]
+    return {
+        "qkv_proj": ((nq + 2 * nkv) * d, h),
+        "o_proj": (h, nq * d),
+        "gate_up_proj": (2 * f, h),
+        "down_proj": (h, f),
+    }
+
+
+def _time(fn, copies: list, x, min_time: float, min_samples: int = 5,
+          max_samples: int = 50) -> list[float]:
+    """Seconds per call, as the mean of batches of >= ~10 ms; every call runs on the next
+    copy of the weights (see COLD_BYTES)."""
+    for c in copies:  # warm-up: one pass over every copy (first calls convert scales)
+        fn(x, c)
+    t0 = time.perf_counter()
+    fn(x, copies[0])
+    batch = max(1, int(0.01 / max(time.perf_counter() - t0, 1e-7)))
+    out: list[float] = []
+    i = 0
+    start = time.perf_counter()
+    while len(out) < max_samples and (len(out) < min_samples
+                                      or time.perf_counter() - start < min_time):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            fn(x, copies[i % len(copies)])
+            i += 1
+        out.append((time.perf_counter() - t0) / batch)
+    return out
+
+
+# Decode streams every layer's weights from memory: a layer timed on one resident copy would
+# be served from cache (a 576x576 layer is 0.2-1.3 MB) and report cache, not DRAM, bandwidth.
+# So each call uses the next of enough copies to span COLD_BYTES, far beyond any L3.
+COLD_BYTES = 256 << 20
+MAX_COPIES = 4096
+
+
+def _nbytes(obj) -> int:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    return 0
+
+
+def _copies(obj, nbytes: int) -> list:
+    import torch
+
+    n = max(1, min(MAX_COPIES, -(-COLD_BYTES // max(nbytes, 1))))
+
+    def clone(o):
+        if isinstance(o, torch.Tensor):
+            return o.clone()
+        if isinstance(o, dict):
+            return {k: clone(v) for k, v in o.items()}
+        return o
+
+    return [obj] + [clone(obj) for _ in range(n - 1)]
+
+
+def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float = 0.3,
+            ms: list[int] | None = None, kernels: list[str] | None = None) -> list[dict]:
+    """Time every implementation on every layer shape of one model (called in the child)."""
+    import torch
+    import torch.nn.functional as F
+
+    from edge_infer.kernels import w4a16
+    from edge_infer.quant.primitives import quantize_w4
+
+    torch.set_num_threads(threads)
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    names = kernels or [k for k, cls in w4a16.KERNELS.items() if cls.available()]
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for layer, (n, k) in linear_shapes(config).items():
+        w = torch.randn(n, k, generator=gen) * 0.02
+        q, scale, zero = quantize_w4(w, group, False, torch.bfloat16)
+        # (implementation, quant, activation dtype, weights as held, call(x, weights))
+        impls = []
+        for name in names:
+            kern = w4a16.KERNELS[name]
+            if hasattr(kern, "supports") and not kern.supports(n, k, group):
+                continue  # the engine's per-shape dispatch would not pick it either
+            impls.append((name, "w4a16", torch.bfloat16,
+                          kern.prepack(q, scale, zero, group, torch.bfloat16),
+                          lambda x, p, kern=kern: kern.forward(x, p, None)))
+        impls.append(("F.linear", "bf16", torch.bfloat16, w.to(torch.bfloat16), F.linear))
+        impls.append(("F.linear", "fp32", torch.float32, w.float(), F.linear))
+        for impl, quant, dtype, weights, fn in impls:
+            nbytes = _nbytes(weights)
+            copies = _copies(weights, nbytes)
+            for m in sorted(ms or MS):
+                x = torch.randn(m, k, generator=gen).to(dtype)
+                # Prefill-sized M reuses each weight M times from cache: compute-bound, so
+                # one (already warmed) copy is both fair and far quicker to time.
+                use = copies if m < 16 else copies[:1]
+                with torch.inference_mode():
+                    secs = _time(fn, use, x, min_time)
+                rows.append({"model": model, "layer": layer, "m": m, "n": n, "k": k,
+                             "impl": impl, "quant": quant, "group": group,
+                             "weight_bytes": nbytes, "copies": len(use), "seconds": secs})
+            del copies
+    return rows
+
+
+# -- planning side: `edge-infer bench gemm` -------------------------------------------------
+def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: float = 0.3,
+        ms: list[int] | None = None, kernels: list[str] | None = None, say=print) -> None:
+    """Measure every model's shapes in one pinned child; one record per (shape, M, impl)."""
+    from edge_harness.bench.run import resolve_model
+    from edge_harness.isolation.child import Worker
+    from edge_infer import profiles
+
+    threads = len(cores)
+    for name in models:
+        model = resolve_model(name)
+        group = profiles.load(model.name).quant.group_size
+        status, reading = guard.check_idle(f"the GEMM microbenchmark of {model.name}")
+        say(f"gemm: {model.name} shapes, group {group}, {threads} threads on cores {cores}")
+        with Worker(cores, {"OMP_NUM_THREADS": str(threads)}, label=f"gemm-{model.name}") as w:
+            with guard.watch(w.pid) as watch:
+                rows = w.request("call", fn="edge_harness.bench.gemm:measure", kwargs={
+                    "model": model.name, "hf_dir": str(model.hf_dir), "group": group,
+                    "threads": threads, "min_time": min_time, "ms": ms, "kernels": kernels,
+                })["result"]
+            during = guard.judge(watch.reading, f"the GEMM microbenchmark of {model.name}")
+        overridden = "overridden" in (status, during)
+        for row in rows:
+            flops = 2 * row["m"] * row["n"] * row["k"]
+            secs = row["seconds"]
+            rec = record(
+                engine=row["impl"], engine_version=_torch_version(), model=model.name,
+                quant=row["quant"], test=f"gemm_m{row['m']}_{row['layer']}",
+                samples=[flops / s / 1e9 for s in secs], unit="GFLOP/s", threads=threads,
+                cores=cores, guard="overridden" if overridden else "ok",
+                guard_foreign_load=round(max(reading.foreign, watch.reading.foreign), 4),
+                extra={k: row[k] for k in ("m", "n", "k", "layer", "group", "weight_bytes",
+                                          "copies")}
+                | {"seconds": secs},
+            )
+            rec.achieved_gbs = round(row["weight_bytes"] / statistics.median(secs) / 1e9, 3)
+            emit(rec)
+            say(f"gemm {model.name} {row['layer']:<12} M={row['m']:<4} {row['impl']:<9} "
+                f"{row['quant']:<6} {rec.median:8.1f} GFLOP/s {rec.achieved_gbs:7.2f} GB/s")
+
+
+def _torch_version() -> str:
+    import torch
+
+    return f"torch {torch.__version__}"

@@ -1,0 +1,241 @@
+"""`edge-infer bench run | load | ceiling | gemm | report` (entry point of edge_infer.commands).
+
+Flags of `bench run` follow llama-bench: -m, -p, -n, -r, -t (comma lists), -o md|csv|json|
+jsonl|sql; engines are ENGINE:QUANT specs (`-e ours:w4a16,llama.cpp:q4_k_m`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from edge_infer.errors import UsageError
+
+DEFAULT_RESULTS = Path("docs/results/bench.jsonl")
+DEFAULT_ENGINES = "ours:w4a16,llama.cpp:q4_k_m"
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+
+
+def _list(values: list[str]) -> list[str]:
+    return [x.strip() for v in values for x in v.split(",") if x.strip()]
+
+
+def split_engines(values: list[str]) -> list[str]:
+    """Comma lists of ENGINE:QUANT[@k=v,k=v]: a piece without ':' is an option of the last."""
+    out: list[str] = []
+    for v in values:
+        for piece in v.split(","):
+            piece = piece.strip()
+            if not piece:
+                continue
+            if ":" not in piece and out and "@" in out[-1]:
+                out[-1] += "," + piece
+            else:
+                out.append(piece)
+    return out
+
+
+def _guard_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("isolation")
+    g.add_argument("--cores", help="CPU ids to pin to, one per physical core (default: all "
+                   "physical cores this process may use)")
+    g.add_argument("--force", action="store_true", help="run even when the contention guard "
+                   "sees foreign load; records say guard: overridden")
+    g.add_argument("--threshold", type=float, default=0.15,
+                   help="foreign load allowed per core, fraction of one core (default 0.15)")
+    g.add_argument("--window", type=float, default=1.0,
+                   help="seconds the guard samples before each measurement (default 1)")
+    g.add_argument("--wait", type=float, default=0.0,
+                   help="seconds to wait for busy cores to become idle before refusing")
+    g.add_argument("--lock-wait", type=float, default=0.0,
+                   help="seconds to wait for another benchmark's lock before refusing")
+
+
+def _results_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                   help=f"JSONL file records are appended to (default {DEFAULT_RESULTS})")
+    p.add_argument("--no-results", action="store_true", help="append no records")
+    p.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl", "sql"),
+                   default="md", help="format of the results printed at the end (default md)")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="isolated llama-bench-style benchmarks against llama.cpp")
+    bsub = p.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
+
+    r = bsub.add_parser("run", help="pp/tg of engine builds, pinned, guarded, interleaved")
+    r.add_argument("-m", "--model", action="append", default=[],
+                   help="registry model or HF folder; comma list or repeated "
+                   "(default smollm2-135m)")
+    r.add_argument("-e", "--engine", action="append", default=[],
+                   help="ENGINE:QUANT[@threads=N,prefix_caching=on]; comma list or repeated "
+                   f"(default {DEFAULT_ENGINES}). Engines: ours (bf16, w4a16), llama.cpp "
+                   "(bf16, f16, q4_k_m, q4_0, original), torch (bf16, fp32)")
+    r.add_argument("-p", "--n-prompt", type=_ints, default=[512], help="prefill sizes (512)")
+    r.add_argument("-n", "--n-gen", type=_ints, default=[128], help="decode lengths (128)")
+    r.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions (5)")
+    r.add_argument("-t", "--threads", type=_ints, default=None,
+                   help="thread counts (default: one per chosen core); each uses the first N "
+                   "chosen cores")
+    r.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    r.add_argument("--no-ceiling", action="store_true",
+                   help="skip the streaming-read ceiling (reuse the newest one in --results)")
+    _results_flags(r)
+    _guard_flags(r)
+    r.set_defaults(func=cmd_run)
+
+    ld = bsub.add_parser("load", help="load generator: busy processes on cores, bounded in time")
+    ld.add_argument("--cores", required=True, help="CPU ids to load, e.g. 0,1")
+    ld.add_argument("--seconds", type=float, required=True, help="how long (it stops by itself)")
+    ld.set_defaults(func=cmd_load)
+
+    c = bsub.add_parser("ceiling", help="streaming-read bandwidth ceiling on the chosen cores")
+    c.add_argument("-t", "--threads", type=int, default=None)
+    c.add_argument("--gib", type=float, default=1.0, help="GiB read per core (default 1)")
+    c.add_argument("--passes", type=int, default=5)
+    _results_flags(c)
+    _guard_flags(c)
+    c.set_defaults(func=cmd_ceiling)
+
+    g = bsub.add_parser("gemm", help="our 4-bit kernels vs bf16/fp32 F.linear, model shapes")
+    g.add_argument("-m", "--model", action="append", default=[],
+                   help="models whose linear shapes to use (default smollm2-135m)")
+    g.add_argument("-t", "--threads", type=int, default=None)
+    g.add_argument("--m-sizes", type=_ints, default=[1, 512], help="M values (1,512)")
+    g.add_argument("--kernels", default=None, help="4-bit kernels (default: all available)")
+    g.add_argument("--min-time", type=float, default=0.3, help="seconds timed per case")
+    _results_flags(g)
+    _guard_flags(g)
+    g.set_defaults(func=cmd_gemm)
+
+    rp = bsub.add_parser("report", help="markdown tables + PNG plots from the results JSONL")
+    rp.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    rp.add_argument("--out", type=Path, default=None,
+                    help="output folder (default: the results file's folder)")
+    rp.set_defaults(func=cmd_report)
+
+
+def _print_records(records, fmt: str) -> None:
+    from edge_harness.report.printers import PRINTERS
+
+    sys.stdout.write(PRINTERS[fmt](records))
+    sys.stdout.flush()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from edge_harness.bench.run import Bench, Plan, command_line, parse_engine
+
+    if args.repetitions < 1:
+        raise UsageError("-r must be at least 1")
+    plan = Plan(
+        models=_list(args.model) or ["smollm2-135m"],
+        engines=[parse_engine(s) for s in split_engines(args.engine or [DEFAULT_ENGINES])],
+        n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.repetitions,
+        threads=args.threads or [None], cores=args.cores, schedule=args.schedule,
+        seed=args.seed, ceiling=not args.no_ceiling,
+        results=None if args.no_results else args.results,
+        force=args.force, threshold=args.threshold, window=args.window, wait=args.wait,
+        lock_wait=args.lock_wait, command=command_line(),
+    )
+    labels = [e.label for e in plan.engines]
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"-e lists an engine build twice: {labels}")
+    records = Bench(plan).run()
+    _print_records([r for r in records if r.test != "ceiling"], args.output)
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from edge_harness.isolation import load
+    from edge_harness.isolation.topology import parse_cpu_list
+
+    cores = parse_cpu_list(args.cores)
+    allowed = os.sched_getaffinity(0)
+    if not cores or not set(cores) <= allowed:
+        raise UsageError(f"--cores {args.cores}: choose among {sorted(allowed)}")
+    return load.run(cores, args.seconds)
+
+
+def cmd_ceiling(args: argparse.Namespace) -> int:
+    from edge_harness.bench import ceiling
+    from edge_harness.bench.run import Bench, Plan, command_line
+    from edge_harness.isolation.child import bench_lock
+    from edge_harness.isolation.guard import Guard
+    from edge_harness.isolation.topology import choose_cores
+
+    cores = choose_cores(args.cores, args.threads)
+    bench = Bench(Plan(models=[], engines=[], results=None if args.no_results else args.results,
+                       command=command_line()))
+    with bench_lock(args.lock_wait):
+        guard = Guard(cores, args.threshold, args.window, args.force, args.wait)
+        status, reading = guard.check_idle("the bandwidth ceiling")
+        res = ceiling.measure(cores, args.gib, args.passes)
+    rec = bench.record(engine="numpy", engine_version=_numpy_version(), model="-", quant="-",
+                       test="ceiling", samples=res["samples_gbs"], unit="GB/s",
+                       threads=len(cores), cores=cores, guard=status,
+                       guard_foreign_load=reading.foreign,
+                       extra={k: v for k, v in res.items() if k != "samples_gbs"})
+    bench.emit(rec)
+    _print_records([rec], args.output)
+    print(f"ceiling: {res['ceiling_gbs']:.2f} GB/s on cores {cores}", file=sys.stderr)
+    return 0
+
+
+def _numpy_version() -> str:
+    import numpy
+
+    return f"numpy {numpy.__version__}"
+
+
+def cmd_gemm(args: argparse.Namespace) -> int:
+    from edge_harness.bench import gemm
+    from edge_harness.bench.run import Bench, Plan, command_line, say
+    from edge_harness.isolation.child import bench_lock
+    from edge_harness.isolation.guard import Guard
+    from edge_harness.isolation.topology import choose_cores
+
+    cores = choose_cores(args.cores, args.threads)
+    bench = Bench(Plan(models=[], engines=[], results=None if args.no_results else args.results,
+                       command=command_line()))
+    with bench_lock(args.lock_wait):
+        guard = Guard(cores, args.threshold, args.window, args.force, args.wait)
+        gemm.run(_list(args.model) or ["smollm2-135m"], cores, guard=guard, emit=bench.emit,
+                 record=bench.record, min_time=args.min_time, ms=args.m_sizes,
+                 kernels=_list([args.kernels]) if args.kernels else None, say=say)
+    _print_gemm(bench.records, args.output)
+    return 0
+
+
+def _print_gemm(records, fmt: str) -> None:
+    if fmt != "md":
+        _print_records(records, fmt)
+        return
+    from edge_harness.report.printers import md_table
+
+    rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
+             r.engine, r.quant, f"{r.median:.1f}", f"{r.achieved_gbs:.2f}", r.guard]
+            for r in records]
+    sys.stdout.write(md_table(["model", "M", "layer", "N x K", "impl", "quant", "GFLOP/s",
+                               "GB/s", "guard"], rows))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from edge_harness.report.render import render
+
+    if not args.results.is_file():
+        raise UsageError(f"no results at {args.results}; run `edge-infer bench run` first")
+    out = args.out or args.results.parent
+    table = render(args.results, out)
+    print(f"wrote {out / 'report.md'} and plots", file=sys.stderr)
+    sys.stdout.write("\nOurs / llama.cpp (median tok/s; ratio > 1: ours faster):\n\n" + table)
+    return 0

@@ -1,0 +1,1 @@
+"""Isolation: physical cores, pinned child processes, one benchmark at a time, a contention guard."""

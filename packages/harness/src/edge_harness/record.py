@@ -1,0 +1,140 @@
+"""The one result record of the harness, its statistics, and its append-only JSONL file.
+
+Every measurement (a pp/tg test of one engine build, a bandwidth ceiling, a GEMM shape) is
+one `Record`; printers (report.printers) and the report renderer read only these fields.
+`samples` are the per-repetition throughputs in `unit`; `mean`, `sd` (sample standard
+deviation, n-1, as llama-bench's stdev) and `median` are derived from them.
+
+Records are appended to a JSONL file one line per `os.write` on an `O_APPEND` descriptor and
+fsynced: a run killed at any moment leaves every record it finished whole and parseable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+
+
+@dataclass
+class Record:
+    engine: str  # "ours", "llama.cpp", "torch", "numpy" (ceiling), a kernel name (gemm)
+    engine_version: str
+    model: str
+    quant: str  # "w4a16", "bf16", "q4_k_m", ...
+    test: str  # "pp512", "tg128", "ceiling", "gemm_m1_qkv_proj", ...
+    samples: list[float]
+    unit: str = "tok/s"
+    bits_per_weight: float | None = None
+    n_prompt: int = 0
+    n_gen: int = 0
+    threads: int = 0
+    cores: list[int] = field(default_factory=list)
+    cpu_model: str = ""
+    isa: str = ""
+    cpu_flags: list[str] = field(default_factory=list)
+    guard: str = "ok"  # "ok" | "overridden" (--force while the guard saw foreign load)
+    guard_foreign_load: float | None = None  # worst foreign load seen, fraction of one core
+    # Roofline (decode tests): weight bytes read per token x tok/s, against the ceiling.
+    weight_bytes_per_token: int | None = None
+    achieved_gbs: float | None = None
+    ceiling_gbs: float | None = None
+    pct_ceiling: float | None = None
+    run_id: str = ""
+    git_commit: str | None = None
+    git_dirty: bool | None = None
+    timestamp: str = ""
+    command: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    schema: int = SCHEMA
+    # derived from samples in __post_init__
+    mean: float = 0.0
+    sd: float = 0.0
+    median: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.samples = [float(s) for s in self.samples]
+        self.mean, self.sd, self.median = summarize(self.samples)
+        if not self.timestamp:
+            self.timestamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+    @property
+    def key(self) -> tuple:
+        """What a newer record of the same measurement replaces in a report."""
+        return (self.model, self.engine, self.quant, self.test, self.threads)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Record:
+        known = {f.name for f in dataclasses.fields(cls)}
+        derived = {"mean", "sd", "median"}
+        return cls(**{k: v for k, v in d.items() if k in known and k not in derived})
+
+
+def summarize(samples: list[float]) -> tuple[float, float, float]:
+    """(mean, sample sd, median); sd is 0 for a single sample, NaN-free."""
+    if not samples:
+        return math.nan, math.nan, math.nan
+    mean = statistics.fmean(samples)
+    sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
+    return mean, sd, statistics.median(samples)
+
+
+def append_record(path: Path, record: Record) -> None:
+    """Append one record as one line, atomically with respect to kills and other appenders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        # One write() of the whole line: O_APPEND places it at the end in one step, so a
+        # kill leaves either the whole line or none of it (never half a JSON object).
+        written = os.write(fd, line)
+        if written != len(line):  # only on a full disk; say so rather than leave junk
+            raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_records(path: Path) -> list[Record]:
+    """Every record of a JSONL file; a torn last line (a crash mid-write) is reported, not read."""
+    records = []
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(Record.from_dict(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(f"{path}:{i}: not a harness record ({exc})") from None
+    return records
+
+
+def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the working tree we run from; (None, None) outside git."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return None, None
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, timeout=30,
+        )
+        return commit.stdout.strip(), bool(status.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None

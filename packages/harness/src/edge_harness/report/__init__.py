@@ -1,0 +1,1 @@
+"""Printers over the one record type, and the rendered report (markdown + PNG plots)."""

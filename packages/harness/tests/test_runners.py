@@ -1,0 +1,82 @@
+"""Every runner produces sane records on tiny settings (no speed is asserted)."""
+
+import json
+
+import pytest
+from harness_cli import cli
+
+from edge_harness.bench.weights import gguf_build_facts, gguf_tensors, safetensors_tensors
+from edge_harness.record import read_records
+
+TINY = ("-p", "16", "-n", "4", "-r", "1", "--no-ceiling", "--force", "--window", "0.2")
+
+
+def run_bench(tmp_path, engines: str, *extra: str) -> list:
+    results = tmp_path / "bench.jsonl"
+    res = cli("bench", "run", "-m", "smollm2-135m", "-e", engines, *TINY, *extra,
+              "--results", str(results), "-o", "json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    printed = json.loads(res.stdout)
+    records = read_records(results)
+    assert [r["test"] for r in printed] == [r.test for r in records]
+    return records
+
+
+def check_sane(records, engine: str, quant: str, threads: int):
+    mine = [r for r in records if r.engine == engine and r.quant == quant]
+    assert {r.test for r in mine} == {"pp16", "tg4"}
+    for r in mine:
+        assert len(r.samples) == 1 and r.samples[0] > 0 and r.median == r.samples[0]
+        assert r.threads == threads and len(r.cores) == threads
+        assert r.extra["facts"]["threads"] == threads
+        assert r.extra["facts"]["cores"] == r.cores
+        assert not r.extra["facts"]["prefix_caching"]
+        assert r.guard in ("ok", "overridden")
+        assert r.cpu_model and r.isa and r.engine_version
+        assert r.timestamp and r.run_id
+        assert 0 < r.bits_per_weight < 33
+    tg = next(r for r in mine if r.test == "tg4")
+    assert tg.weight_bytes_per_token > 0
+    assert tg.achieved_gbs == pytest.approx(tg.weight_bytes_per_token * tg.median / 1e9, rel=1e-2)
+    return mine
+
+
+def test_llama_cpp_on_smollm2_gguf(tmp_path, smollm2, edge_home):
+    records = run_bench(tmp_path, "llama.cpp:original", "-t", "1")
+    (pp, tg) = sorted(check_sane(records, "llama.cpp", "original", 1), key=lambda r: r.test)
+    assert pp.n_prompt == 16 and tg.n_gen == 4
+    assert pp.extra["facts"]["flash_attn"] == "on"
+    assert "llama-cpp-python 0.3.36" in pp.engine_version
+    # the published Q4_1 GGUF: 4 bits + fp16 scale and min per 32 -> ~5 bits/weight and more
+    assert 4.5 < pp.bits_per_weight < 7
+
+
+def test_gguf_builds_from_the_hf_folder(smollm2, edge_home):
+    """HF -> BF16 GGUF (vendored converter) -> Q4_0 (llama_model_quantize), same tensors."""
+    from edge_harness.runners.base import ModelRef
+    from edge_harness.runners.llamacpp import LlamaCppRunner
+
+    model = ModelRef("smollm2-135m", smollm2.hf_dir, smollm2.gguf_path)
+    q4 = LlamaCppRunner.prepare(model, "q4_0")
+    bf16_path = edge_home / "harness" / "gguf" / "smollm2-135m-bf16.gguf"
+    bf16 = gguf_tensors(bf16_path)
+    hf = safetensors_tensors(smollm2.hf_dir)
+    params = sum(n for _, n in hf.values())
+    assert sum(n for _, n in bf16.values()) == params  # every weight, nothing added
+    assert gguf_build_facts(bf16_path, params)[0] == pytest.approx(16.0, abs=0.1)
+    assert 4.0 < q4.bits_per_weight < 7.0  # Q4_0 with q5_0/q8_0 fallbacks where 576 % 256
+    assert q4.weight_bytes_per_token < params  # under a byte per weight
+
+
+def test_torch_and_ours_on_smollm2(tmp_path, smollm2, edge_home):
+    """One interleaved run of the floor and our engine (bf16 and our 4-bit build)."""
+    records = run_bench(tmp_path, "torch:bf16,ours:bf16,ours:w4a16")
+    threads = len(records[0].cores)
+    check_sane(records, "torch", "bf16", threads)
+    check_sane(records, "ours", "bf16", threads)
+    w4 = check_sane(records, "ours", "w4a16", threads)
+    assert all(r.extra["facts"]["enforce_eager"] for r in w4)
+    assert all(sum(r.extra["facts"]["w4_kernels"].values()) == 30 * 4 for r in w4)  # 30 layers
+    assert all("vllm 0.32.0" in r.engine_version for r in w4)
+    bf16_bits = next(r for r in records if r.quant == "bf16" and r.engine == "ours").bits_per_weight
+    assert w4[0].bits_per_weight < bf16_bits
