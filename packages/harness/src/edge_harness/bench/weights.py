@@ -16,10 +16,11 @@ from pathlib import Path
 
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "U8": 1, "I8": 1, "I16": 2, "I32": 4,
                "I64": 8, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-HF_EMBED = ("model.embed_tokens.weight", "model.embedding.weight")
-HF_HEAD = ("lm_head.weight",)
-GGUF_EMBED = ("token_embd.weight",)
-GGUF_HEAD = ("output.weight",)
+# Name prefixes: a 4-bit vocabulary tensor is stored as several (.qweight, .scales, ...).
+HF_EMBED = ("model.embed_tokens.", "model.embedding.")
+HF_HEAD = ("lm_head.",)
+GGUF_EMBED = ("token_embd.",)
+GGUF_HEAD = ("output.",)
 
 
 def safetensors_tensors(folder: Path) -> dict[str, tuple[int, int]]:
@@ -52,11 +53,9 @@ def gguf_tensors(path: Path) -> dict[str, tuple[int, int]]:
 def decode_bytes(tensors: dict[str, tuple[int, int]], embed: tuple[str, ...],
                  head: tuple[str, ...]) -> int:
     total = sum(b for b, _ in tensors.values())
-    if any(h in tensors for h in head):
-        for e in embed:
-            if e in tensors:
-                nbytes, numel = tensors[e]
-                total -= nbytes  # a lookup reads one row, not the matrix
+    if any(name.startswith(head) for name in tensors):
+        # a separate output head: the embedding lookup reads one row, not the matrix
+        total -= sum(b for name, (b, _) in tensors.items() if name.startswith(embed))
     return total
 
 

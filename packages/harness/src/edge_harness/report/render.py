@@ -15,7 +15,8 @@ from edge_harness.record import Record, read_records
 from edge_harness.report.printers import MD_COLUMNS, md_row, md_table
 
 # Which builds are compared: ours at a quant against llama.cpp at the nearest format.
-PAIRS = (("w4a16", "q4_k_m"), ("w4a16", "q4_0"), ("bf16", "bf16"), ("bf16", "f16"))
+PAIRS = (("w4a16", "q4_k_m"), ("w4a16-head", "q4_k_m"), ("w4a16", "q4_0"),
+         ("w4a16-head", "q4_0"), ("bf16", "bf16"), ("bf16", "f16"))
 
 
 def latest(records: list[Record]) -> list[Record]:
@@ -23,6 +24,16 @@ def latest(records: list[Record]) -> list[Record]:
     for r in records:
         newest[r.key] = r  # file order is time order: later lines win
     return list(newest.values())
+
+
+def fill_ceiling(records: list[Record]) -> None:
+    """Decode results measured with --no-ceiling get the newest ceiling of the same cores."""
+    ceilings = {tuple(r.cores): max(r.samples) for r in records if r.test == "ceiling"}
+    for r in records:
+        if r.achieved_gbs is not None and r.pct_ceiling is None and tuple(r.cores) in ceilings:
+            r.ceiling_gbs = round(ceilings[tuple(r.cores)], 3)
+            r.pct_ceiling = round(100 * r.achieved_gbs / r.ceiling_gbs, 2)
+            r.extra["ceiling_from_report"] = True
 
 
 def is_speed(r: Record) -> bool:
@@ -111,6 +122,7 @@ def render(results: Path, out: Path) -> str:
     """Write report.md and plots into `out`; returns the ratio table (markdown)."""
     all_records = read_records(results)
     shown = latest(all_records)
+    fill_ceiling(shown)
     out.mkdir(parents=True, exist_ok=True)
     parts = [header(all_records, shown)]
     ceilings = [r for r in shown if r.test == "ceiling"]

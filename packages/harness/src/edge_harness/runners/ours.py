@@ -36,7 +36,9 @@ from edge_infer.quant.config import SCHEMES
 class OursRunner:
     name = "ours"
 
-    quants = ("bf16", *SCHEMES)  # every 4-bit scheme the engine offers
+    # Every 4-bit scheme the engine offers; "-head": the (tied) embedding / LM head in 4 bits
+    # too, which is what llama.cpp's Q4_K_M does with its vocabulary tensor.
+    quants = ("bf16", *SCHEMES, *(f"{s}-head" for s in SCHEMES))
 
     # -- planning side -------------------------------------------------------------------
     @classmethod
@@ -140,8 +142,9 @@ class OursRunner:
         self.llm = None
 
 
-def our_checkpoint(model: ModelRef, scheme: str) -> Path:
-    """Our 4-bit build of `model`, as `edge-infer quantize` makes it, cached beside serve's.
+def our_checkpoint(model: ModelRef, quant: str) -> Path:
+    """Our 4-bit build of `model`, as `edge-infer quantize` makes it, cached beside serve's
+    (same folder names as edge_infer.serve.resolve.default_build).
 
     The group size is the model's profile default (smollm2: 64, its hidden size 576 is not a
     multiple of 128; others: 128).
@@ -152,9 +155,12 @@ def our_checkpoint(model: ModelRef, scheme: str) -> Path:
     from edge_infer.home import home
     from edge_infer.quant.checkpoint import quantize_checkpoint
 
-    cfg = replace(profiles.load(model.name).quant.to_config(), scheme=scheme)
+    scheme, _, head = quant.partition("-")
+    cfg = replace(profiles.load(model.name).quant.to_config(), scheme=scheme,
+                  quantize_lm_head=head == "head")
     zp = "-zp" if cfg.zero_point else ""
-    out = home() / "checkpoints" / f"{model.name}-{cfg.scheme}-g{cfg.group_size}{zp}"
+    suffix = "-head" if cfg.quantize_lm_head else ""
+    out = home() / "checkpoints" / f"{model.name}-{cfg.scheme}-g{cfg.group_size}{zp}{suffix}"
     if not (out / "config.json").is_file():
         quantize_checkpoint(model.hf_dir, out, cfg, overwrite=True)
     return out
