@@ -1,0 +1,286 @@
+"""Spark-X2.5 in vLLM (our model class) against an independent plain-PyTorch reference.
+
+The reference below is written from the architecture's description, not from our vLLM class:
+layers repeat [sliding, sliding, sliding, full]; a sliding layer attends to the last
+`sliding_window` positions (itself included), a full layer to every earlier position; RoPE in
+NeoX pairing (channel j with j + dims/2) over the first head_dim * partial_rotary_factor
+channels, per layer type; one fused q_k_v_proj ([q; k; v] rows); grouped-query attention (query
+head h reads KV head h // (heads / kv_heads)); a head-wise gate sigmoid(g_proj(x)) scaling
+each head's attention output before out_proj; gelu(gate) * up MLP (exact GELU); RMSNorm x * w;
+pre-norm residual blocks; tied embeddings.
+
+The model is small (6 layers, hidden 128, vocab 512) with a 64-token window over 520 tokens,
+so most positions lie beyond the window; its norms are randomised (not ones) so that a norm
+applied as (1 + w), or skipped, shows.
+"""
+
+import gc
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edge_infer import profiles
+from edge_infer.models.random_weights import build_random, spark_tensors
+from edge_infer.models.registry import (
+    REGISTRY,
+    SPARK_EOS,
+    SPARK_SOS,
+    SPARK_SPECIAL_TOKENS,
+    spark,
+)
+from edge_infer.quant.checkpoint import load_tensors, quantize_checkpoint, quantize_tensors
+from edge_infer.quant.config import W4Config
+from edge_infer.quant.primitives import dequantize_w4, unpack_nibbles
+from edge_infer.serve.resolve import Resolved
+from edge_infer.serve.runtime import vllm_env
+
+WINDOW, TOKENS, VOCAB = 64, 520, 512
+SMALL = spark(128, 256, 6, 4, 2, head_dim=64, vocab=VOCAB, window=WINDOW, max_positions=2048)
+TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
+        "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. 12345 67.")
+W4 = W4Config(group_size=64, quantize_lm_head=True)
+
+
+# ---- the reference -----------------------------------------------------------------------
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, pos, dims, theta):
+    half = dims // 2
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float64) * 2 / dims)
+    angle = pos[:, None].double() * inv_freq[None]
+    cos, sin = angle.cos().float()[:, None], angle.sin().float()[:, None]
+    a, b, rest = x[..., :half], x[..., half:dims], x[..., dims:]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], -1)
+
+
+def reference_logits(w, cfg, ids, window=None):
+    """fp32 logits [len(ids), vocab]; `window` overrides the config's (negative controls)."""
+    nq, nkv, d = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, window = cfg["rms_norm_eps"], window or cfg["sliding_window"]
+    n = len(ids)
+    pos = torch.arange(n)
+    causal = pos[None, :] <= pos[:, None]
+    local = causal & (pos[:, None] - pos[None, :] < window)
+    x = w["model.embedding.weight"][torch.tensor(ids)]
+    for i, kind in enumerate(cfg["layer_types"]):
+        p = f"model.layers.{i}."
+        rp = cfg["rope_parameters"][kind]
+        dims = int(d * rp["partial_rotary_factor"])
+        a = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        q, k, v = (a @ w[p + "self_attn.q_k_v_proj.weight"].T).split([nq * d, nkv * d, nkv * d], -1)
+        q = rope(q.view(n, nq, d), pos, dims, rp["rope_theta"])
+        k = rope(k.view(n, nkv, d), pos, dims, rp["rope_theta"]).repeat_interleave(nq // nkv, 1)
+        v = v.view(n, nkv, d).repeat_interleave(nq // nkv, 1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(d)
+        mask = local if kind == "sliding_attention" else causal
+        o = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, -math.inf).softmax(-1), v)
+        gate = torch.sigmoid(a @ w[p + "self_attn.g_proj.weight"].T)
+        x = x + (o * gate[..., None]).reshape(n, nq * d) @ w[p + "self_attn.out_proj.weight"].T
+        m = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        up = F.gelu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)
+        x = x + up @ w[p + "mlp.down_proj.weight"].T
+    return rms_norm(x, w["model.norm.weight"], eps) @ w["model.embedding.weight"].T
+
+
+def agreement(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, torch.Tensor]:
+    """(top-1 agreement, KL(ref || got) per position)."""
+    p, q = ref.log_softmax(-1), got.log_softmax(-1)
+    return (ref.argmax(-1) == got.argmax(-1)).float().mean().item(), (p.exp() * (p - q)).sum(-1)
+
+
+# ---- fixtures ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """A small Spark-X2.5 HF folder built like `models pull spark-x2.5-*-random` builds the real
+    shapes: a byte-level BPE (trained here, ~400 tokens) padded to the vocab with the chat
+    markers, random weights (std 0.1, norms 1 + N(0, 0.1))."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("spark-small")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TEXT] * 50, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
+                            eos_token="<|endoftext|>").save_pretrained(root / "bpe")
+    template = profiles.load("spark-x2.5-1.7b-random").chat.template
+    build_random(SMALL, 0, root / "bpe", root / "hf", special_tokens=SPARK_SPECIAL_TOKENS,
+                 bos=SPARK_SOS, eos=SPARK_EOS, chat_template=template, std=0.1, norm_std=0.1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, VOCAB, (TOKENS,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
+@pytest.fixture(scope="module")
+def weights(small_model):
+    return {k: v.float() for k, v in load_tensors(small_model / "hf").items()}
+
+
+@pytest.fixture(scope="module")
+def vllm_env_set():
+    mp = pytest.MonkeyPatch()
+    for k, v in vllm_env(profiles.load("spark-x2.5-1.7b-random")).items():
+        mp.setenv(k, v)
+    yield
+    mp.undo()
+
+
+def run_vllm(path, dtype, ids):
+    """(prompt logits, {module: edge_w4 kernel}) from our plugin's vLLM, then frees it."""
+    from edge_infer.serve.offline import make_llm
+    from edge_infer.vllm_ext.logits import prompt_logits
+
+    prof = profiles.load("spark-x2.5-1.7b-random")
+    llm = make_llm(Resolved(path, "spark-small", prof), prefix_caching=False, dtype=dtype,
+                   max_model_len=1024, max_num_batched_tokens=1024)
+    try:
+        (arch,) = llm.apply_model(lambda m: type(m).__module__ + "." + type(m).__name__)
+        (kernels,) = llm.apply_model(
+            lambda m: {n: mod.w4_kernel.name for n, mod in m.named_modules()
+                       if hasattr(mod, "w4_kernel")})
+        return prompt_logits(llm, ids), kernels, arch
+    finally:
+        del llm
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def vllm_fp32(small_model, ids, vllm_env_set):
+    return run_vllm(small_model / "hf", "float32", ids)
+
+
+@pytest.fixture(scope="module")
+def w4_model(small_model):
+    out = small_model / "w4"
+    quantize_checkpoint(small_model / "hf", out, W4)
+    return out
+
+
+@pytest.fixture(scope="module")
+def vllm_w4_bf16(w4_model, ids, vllm_env_set):
+    return run_vllm(w4_model, "bfloat16", ids)
+
+
+# ---- config, checkpoint, tokenizer -----------------------------------------------------------
+
+def test_config_loads_without_remote_code(small_model):
+    from transformers import AutoConfig
+
+    from edge_infer.models.spark_config import Spark2_5Config
+
+    cfg = AutoConfig.from_pretrained(small_model / "hf")
+    assert isinstance(cfg, Spark2_5Config)
+    assert cfg.layer_types[:4] == ["sliding_attention"] * 3 + ["full_attention"]
+    assert cfg.rope_parameters["full_attention"]["partial_rotary_factor"] == 0.25
+    assert cfg.sliding_window == WINDOW and cfg.head_dim == 64 and cfg.tie_word_embeddings
+    bad = {**SMALL, "layer_types": SMALL["layer_types"][:-1]}
+    with pytest.raises(Exception, match="layer_types"):
+        Spark2_5Config(**bad)
+
+
+@pytest.mark.parametrize(("name", "billions"), [("spark-x2.5-1.7b-random", (1.65, 1.75)),
+                                                ("spark-x2.5-4b-random", (4.0, 4.2))])
+def test_registry_shapes_are_the_published_ones(name, billions):
+    cfg = REGISTRY[name].source.config
+    layout = dict(spark_tensors(cfg))
+    params = sum(math.prod(s) for s in layout.values())
+    assert billions[0] * 1e9 < params < billions[1] * 1e9, params
+    h, d = cfg["hidden_size"], cfg["head_dim"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    assert layout["model.embedding.weight"] == (131072, h)
+    assert layout["model.layers.0.self_attn.q_k_v_proj.weight"] == ((nq + 2 * nkv) * d, h)
+    assert layout["model.layers.0.self_attn.g_proj.weight"] == (nq, h)
+    assert "lm_head.weight" not in layout  # tied
+    assert cfg["layer_types"].count("full_attention") == cfg["num_hidden_layers"] // 4
+    # the profile's default group divides every K of the model
+    group = profiles.load(name).quant.group_size
+    assert all(s[1] % group == 0 for n, s in layout.items() if n.endswith("proj.weight"))
+
+
+def test_padded_tokenizer(small_model):
+    from transformers import AutoTokenizer
+
+    hf = small_model / "hf"
+    tok = AutoTokenizer.from_pretrained(hf)
+    plain = AutoTokenizer.from_pretrained(small_model / "bpe")
+    cfg = json.loads((hf / "config.json").read_text())
+    assert len(tok) == VOCAB == cfg["vocab_size"]
+    assert tok(TEXT)["input_ids"] == plain(TEXT)["input_ids"]  # encoding unchanged
+    assert tok.convert_tokens_to_ids(SPARK_EOS) == cfg["eos_token_id"] == tok.eos_token_id
+    chat = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert chat.startswith(SPARK_SOS + "<|System|>\n") and chat.endswith(SPARK_SOS + "<|Bot|>")
+    encoded = tok(chat, add_special_tokens=False)["input_ids"]
+    for marker in SPARK_SPECIAL_TOKENS:  # each marker is one token
+        assert tok.convert_tokens_to_ids(marker) in encoded
+    assert tok.decode([VOCAB - 1]) == f"<|reserved_{VOCAB - 1}|>"  # every id decodes
+
+
+def test_quantizer_takes_the_projections_not_the_gate(weights):
+    out = quantize_tensors({k: v.bfloat16() for k, v in weights.items()}, W4)
+    quantized = {k.removesuffix(".qweight") for k in out if k.endswith(".qweight")}
+    per_layer = {"self_attn.q_k_v_proj", "self_attn.out_proj", "mlp.gate_proj", "mlp.up_proj",
+                 "mlp.down_proj"}
+    expected = {f"model.layers.{i}.{m}" for i in range(6) for m in per_layer}
+    assert quantized == expected | {"model.embedding"}
+    assert out["model.layers.0.self_attn.g_proj.weight"].dtype == torch.bfloat16
+
+
+# ---- vLLM against the reference ---------------------------------------------------------------
+
+def test_our_class_serves_it(vllm_fp32):
+    _, kernels, arch = vllm_fp32
+    assert arch == "edge_infer.vllm_ext.spark.Spark2_5ForCausalLM"
+    assert kernels == {}  # a bf16 checkpoint: no edge_w4 layers
+
+
+def test_vllm_matches_reference_beyond_the_window(vllm_fp32, weights, ids):
+    got, _, _ = vllm_fp32
+    ref = reference_logits(weights, SMALL, ids)[:-1]
+    assert got.shape == ref.shape == (TOKENS - 1, VOCAB)
+    same_top, kl = agreement(ref, got)
+    beyond = kl[WINDOW:]  # positions whose sliding layers have dropped early tokens
+    assert same_top >= 0.99, same_top
+    assert kl.mean().item() <= 1e-3 and beyond.mean().item() <= 1e-3, (kl.mean(), beyond.mean())
+
+
+@pytest.mark.parametrize("window", [WINDOW - 1, WINDOW + 1, 10**6])
+def test_the_window_is_exercised(vllm_fp32, weights, ids, window):
+    """Negative controls: a window one token off, or none, is far from what vLLM computed."""
+    got, _, _ = vllm_fp32
+    _, kl = agreement(reference_logits(weights, SMALL, ids, window=window)[:-1], got)
+    assert kl[: WINDOW - 1].mean().item() <= 1e-3  # inside the window nothing changes
+    assert kl[WINDOW:].mean().item() > 1e-2, kl[WINDOW:].mean()
+
+
+def test_w4a16_checkpoint_runs_our_kernels(vllm_w4_bf16, weights, w4_model, ids):
+    """edge_w4 applies to the class's linears with no special case; bf16 activations."""
+    got, kernels, _ = vllm_w4_bf16
+    assert set(kernels) == {f"model.layers.{i}.{m}" for i in range(6) for m in (
+        "self_attn.q_k_v_proj", "self_attn.out_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    } | {"lm_head"}
+    memory = quantize_tensors({k: v.bfloat16() for k, v in weights.items()}, W4)
+    deq = dict(weights)
+    for name in weights:
+        prefix = name.removesuffix(".weight")
+        if f"{prefix}.qweight" in memory:
+            q = unpack_nibbles(memory[f"{prefix}.qweight"])
+            deq[name] = dequantize_w4(q, memory[f"{prefix}.scales"], None, W4.group_size).float()
+    ref = reference_logits(deq, SMALL, ids)[:-1]
+    same_top, kl = agreement(ref, got)
+    # bf16 activations against the fp32 reference on the same 4-bit weights
+    assert kl.mean().item() <= 1e-3, kl.mean()
+    assert same_top >= 0.9, same_top
