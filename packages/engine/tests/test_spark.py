@@ -210,6 +210,13 @@ def test_registry_shapes_are_the_published_ones(name, billions):
     assert all(s[1] % group == 0 for n, s in layout.items() if n.endswith("proj.weight"))
 
 
+def test_spark_profiles_share_the_chat_format():
+    names = ("spark-x2.5-1.7b", "spark-x2.5-1.7b-random", "spark-x2.5-4b", "spark-x2.5-4b-random")
+    loaded = [profiles.load(n) for n in names]
+    assert len({p.chat.template for p in loaded}) == 1 and SPARK_SOS in loaded[0].chat.template
+    assert all(p.name == n for p, n in zip(loaded, names, strict=True))  # shipped, not generic
+
+
 def test_padded_tokenizer(small_model):
     from transformers import AutoTokenizer
 

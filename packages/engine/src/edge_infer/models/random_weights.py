@@ -12,6 +12,7 @@ import hashlib
 import json
 import shutil
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 from tqdm import tqdm
@@ -155,7 +156,9 @@ def build_random(config: dict, seed: int, tokenizer_dir: Path, out_dir: Path, *,
     for f in tokenizer_dir.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
             shutil.copy2(f, out_dir / f.name)
-    config = {**config, "seed": seed}
+    # transformers_version: without it, transformers 5 suspects any local tokenizer of an
+    # old Mistral regex bug and warns on every load.
+    config = {**config, "seed": seed, "transformers_version": version("transformers")}
     if special_tokens or bos or eos:
         ids = pad_tokenizer(out_dir, config["vocab_size"], special_tokens, bos, eos)
         config.update({f"{k}_token_id": ids[t] for k, t in (("bos", bos), ("eos", eos)) if t})
