@@ -11,12 +11,17 @@ pre-norm residual blocks; tied embeddings.
 
 The model is small (6 layers, hidden 128, vocab 512) with a 64-token window over 520 tokens,
 so most positions lie beyond the window; its norms are randomised (not ones) so that a norm
-applied as (1 + w), or skipped, shows.
+applied as (1 + w), or skipped, shows. With EDGE_INFER_SPARK_PARITY=<registry name> (e.g.
+spark-x2.5-1.7b-random; `nox -s parity-spark`) the same checks run on that pulled model, over
+1100 token ids (its window is 512), from the EDGE_INFER_HOME cache.
 """
 
 import gc
 import json
 import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +44,7 @@ from edge_infer.serve.runtime import vllm_env
 
 WINDOW, TOKENS, VOCAB = 64, 520, 512
 SMALL = spark(128, 256, 6, 4, 2, head_dim=64, vocab=VOCAB, window=WINDOW, max_positions=2048)
+PARITY_ENV = "EDGE_INFER_SPARK_PARITY"
 TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
         "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. 12345 67.")
 W4 = W4Config(group_size=64, quantize_lm_head=True)
@@ -67,6 +73,7 @@ def reference_logits(w, cfg, ids, window=None):
     pos = torch.arange(n)
     causal = pos[None, :] <= pos[:, None]
     local = causal & (pos[:, None] - pos[None, :] < window)
+    w = _Float(w)
     x = w["model.embedding.weight"][torch.tensor(ids)]
     for i, kind in enumerate(cfg["layer_types"]):
         p = f"model.layers.{i}."
@@ -88,6 +95,13 @@ def reference_logits(w, cfg, ids, window=None):
     return rms_norm(x, w["model.norm.weight"], eps) @ w["model.embedding.weight"].T
 
 
+class _Float(dict):
+    """Weights read as fp32 one at a time (a 1.7B model's stay bf16 in memory)."""
+
+    def __getitem__(self, name):
+        return super().__getitem__(name).float()
+
+
 def agreement(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, torch.Tensor]:
     """(top-1 agreement, KL(ref || got) per position)."""
     p, q = ref.log_softmax(-1), got.log_softmax(-1)
@@ -96,15 +110,33 @@ def agreement(ref: torch.Tensor, got: torch.Tensor) -> tuple[float, torch.Tensor
 
 # ---- fixtures ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
-    """A small Spark-X2.5 HF folder built like `models pull spark-x2.5-*-random` builds the real
-    shapes: a byte-level BPE (trained here, ~400 tokens) padded to the vocab with the chat
+@dataclass(frozen=True)
+class Subject:
+    """The Spark-X2.5 folder under test, its config and the prompt length."""
+
+    name: str
+    root: Path  # where derived builds (the W4A16 checkpoint) go
+    hf: Path
+    config: dict
+    tokens: int
+    id_range: int  # token ids drawn from [0, id_range): ids its tokenizer produces
+
+    @property
+    def window(self) -> int:
+        return self.config["sliding_window"]
+
+    @property
+    def layers(self) -> int:
+        return self.config["num_hidden_layers"]
+
+
+def build_small(root: Path) -> Path:
+    """A small Spark-X2.5 HF folder built like `models pull spark-x2.5-*-random` builds the
+    real shapes: a byte-level BPE (trained here, ~400 tokens) padded to the vocab with the chat
     markers, random weights (std 0.1, norms 1 + N(0, 0.1))."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    root = tmp_path_factory.mktemp("spark-small")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -116,17 +148,37 @@ def small_model(tmp_path_factory):
     template = profiles.load("spark-x2.5-1.7b-random").chat.template
     build_random(SMALL, 0, root / "bpe", root / "hf", special_tokens=SPARK_SPECIAL_TOKENS,
                  bos=SPARK_SOS, eos=SPARK_EOS, chat_template=template, std=0.1, norm_std=0.1)
+    return root / "hf"
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("spark-small")
+    build_small(root)
     return root
 
 
 @pytest.fixture(scope="module")
-def ids():
-    return torch.randint(0, VOCAB, (TOKENS,), generator=torch.Generator().manual_seed(0)).tolist()
+def subject(small_model, tmp_path_factory) -> Subject:
+    name = os.environ.get(PARITY_ENV)
+    if not name:
+        return Subject("small", small_model, small_model / "hf", SMALL, TOKENS, VOCAB)
+    from edge_infer.models.pull import pull
+
+    hf = pull(name).hf_dir
+    config = json.loads((hf / "config.json").read_text())
+    return Subject(name, tmp_path_factory.mktemp("spark-parity"), hf, config, 1100, 49152)
 
 
 @pytest.fixture(scope="module")
-def weights(small_model):
-    return {k: v.float() for k, v in load_tensors(small_model / "hf").items()}
+def ids(subject):
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(0, subject.id_range, (subject.tokens,), generator=gen).tolist()
+
+
+@pytest.fixture(scope="module")
+def weights(subject):
+    return load_tensors(subject.hf)
 
 
 @pytest.fixture(scope="module")
@@ -144,8 +196,8 @@ def run_vllm(path, dtype, ids):
     from edge_infer.vllm_ext.logits import prompt_logits
 
     prof = profiles.load("spark-x2.5-1.7b-random")
-    llm = make_llm(Resolved(path, "spark-small", prof), prefix_caching=False, dtype=dtype,
-                   max_model_len=1024, max_num_batched_tokens=1024)
+    llm = make_llm(Resolved(path, "spark", prof), prefix_caching=False, dtype=dtype,
+                   max_model_len=2048, max_num_batched_tokens=2048)
     try:
         (arch,) = llm.apply_model(lambda m: type(m).__module__ + "." + type(m).__name__)
         (kernels,) = llm.apply_model(
@@ -158,14 +210,14 @@ def run_vllm(path, dtype, ids):
 
 
 @pytest.fixture(scope="module")
-def vllm_fp32(small_model, ids, vllm_env_set):
-    return run_vllm(small_model / "hf", "float32", ids)
+def vllm_fp32(subject, ids, vllm_env_set):
+    return run_vllm(subject.hf, "float32", ids)
 
 
 @pytest.fixture(scope="module")
-def w4_model(small_model):
-    out = small_model / "w4"
-    quantize_checkpoint(small_model / "hf", out, W4)
+def w4_model(subject):
+    out = subject.root / "w4"
+    quantize_checkpoint(subject.hf, out, W4)
     return out
 
 
@@ -236,8 +288,8 @@ def test_padded_tokenizer(small_model):
     assert tok.decode([VOCAB - 1]) == f"<|reserved_{VOCAB - 1}|>"  # every id decodes
 
 
-def test_quantizer_takes_the_projections_not_the_gate(weights):
-    out = quantize_tensors({k: v.bfloat16() for k, v in weights.items()}, W4)
+def test_quantizer_takes_the_projections_not_the_gate(small_model):
+    out = quantize_tensors(load_tensors(small_model / "hf"), W4)
     quantized = {k.removesuffix(".qweight") for k in out if k.endswith(".qweight")}
     per_layer = {"self_attn.q_k_v_proj", "self_attn.out_proj", "mlp.gate_proj", "mlp.up_proj",
                  "mlp.down_proj"}
@@ -248,46 +300,65 @@ def test_quantizer_takes_the_projections_not_the_gate(weights):
 
 # ---- vLLM against the reference ---------------------------------------------------------------
 
+def report(subject: Subject, what: str, same_top: float, kl: torch.Tensor) -> None:
+    w = subject.window
+    print(f"\n{subject.name}: {what}: "
+          f"top-1 {same_top:.4f}, mean KL {kl.mean().item():.3e} "
+          f"(beyond the window {kl[w:].mean().item():.3e}) over {len(kl)} positions")
+
+
 def test_our_class_serves_it(vllm_fp32):
     _, kernels, arch = vllm_fp32
     assert arch == "edge_infer.vllm_ext.spark.Spark2_5ForCausalLM"
     assert kernels == {}  # a bf16 checkpoint: no edge_w4 layers
 
 
-def test_vllm_matches_reference_beyond_the_window(vllm_fp32, weights, ids):
+@pytest.fixture(scope="module")
+def reference(weights, ids, subject):
+    return reference_logits(weights, subject.config, ids)[:-1]
+
+
+def test_vllm_matches_reference_beyond_the_window(vllm_fp32, reference, subject):
     got, _, _ = vllm_fp32
-    ref = reference_logits(weights, SMALL, ids)[:-1]
-    assert got.shape == ref.shape == (TOKENS - 1, VOCAB)
+    ref = reference
+    assert got.shape == ref.shape == (subject.tokens - 1, subject.config["vocab_size"])
     same_top, kl = agreement(ref, got)
-    beyond = kl[WINDOW:]  # positions whose sliding layers have dropped early tokens
+    report(subject, "fp32 vs reference", same_top, kl)
+    beyond = kl[subject.window:]  # positions whose sliding layers have dropped early tokens
     assert same_top >= 0.99, same_top
     assert kl.mean().item() <= 1e-3 and beyond.mean().item() <= 1e-3, (kl.mean(), beyond.mean())
 
 
-@pytest.mark.parametrize("window", [WINDOW - 1, WINDOW + 1, 10**6])
-def test_the_window_is_exercised(vllm_fp32, weights, ids, window):
-    """Negative controls: a window one token off, or none, is far from what vLLM computed."""
+@pytest.mark.parametrize("offset", [-1, +1, None])
+def test_the_window_is_exercised(vllm_fp32, reference, weights, ids, subject, offset):
+    """Negative controls: a reference whose window is one token off, or absent, is at least
+    10x farther from what vLLM computed than the right one, beyond the window."""
     got, _, _ = vllm_fp32
-    _, kl = agreement(reference_logits(weights, SMALL, ids, window=window)[:-1], got)
-    assert kl[: WINDOW - 1].mean().item() <= 1e-3  # inside the window nothing changes
-    assert kl[WINDOW:].mean().item() > 1e-2, kl[WINDOW:].mean()
+    w = subject.window
+    window = 10**6 if offset is None else w + offset
+    same_top, kl = agreement(reference_logits(weights, subject.config, ids, window=window)[:-1], got)
+    report(subject, f"fp32 vs reference with window {window}", same_top, kl)
+    _, right = agreement(reference, got)
+    assert kl[: w - 1].mean().item() <= 1e-3  # inside the window nothing changes
+    assert kl[w:].mean().item() > 10 * max(right[w:].mean().item(), 1e-7), kl[w:].mean()
 
 
-def test_w4a16_checkpoint_runs_our_kernels(vllm_w4_bf16, weights, w4_model, ids):
+def test_w4a16_checkpoint_runs_our_kernels(vllm_w4_bf16, weights, ids, subject):
     """edge_w4 applies to the class's linears with no special case; bf16 activations."""
     got, kernels, _ = vllm_w4_bf16
-    assert set(kernels) == {f"model.layers.{i}.{m}" for i in range(6) for m in (
+    assert set(kernels) == {f"model.layers.{i}.{m}" for i in range(subject.layers) for m in (
         "self_attn.q_k_v_proj", "self_attn.out_proj", "mlp.gate_up_proj", "mlp.down_proj")
     } | {"lm_head"}
-    memory = quantize_tensors({k: v.bfloat16() for k, v in weights.items()}, W4)
     deq = dict(weights)
-    for name in weights:
+    for name, t in weights.items():
+        memory = quantize_tensors({name: t}, W4)
         prefix = name.removesuffix(".weight")
         if f"{prefix}.qweight" in memory:
             q = unpack_nibbles(memory[f"{prefix}.qweight"])
-            deq[name] = dequantize_w4(q, memory[f"{prefix}.scales"], None, W4.group_size).float()
-    ref = reference_logits(deq, SMALL, ids)[:-1]
+            deq[name] = dequantize_w4(q, memory[f"{prefix}.scales"], None, W4.group_size)
+    ref = reference_logits(deq, subject.config, ids)[:-1]
     same_top, kl = agreement(ref, got)
+    report(subject, "W4A16 bf16 vs reference on the same 4-bit weights", same_top, kl)
     # bf16 activations against the fp32 reference on the same 4-bit weights
     assert kl.mean().item() <= 1e-3, kl.mean()
     assert same_top >= 0.9, same_top
