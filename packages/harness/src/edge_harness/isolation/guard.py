@@ -30,6 +30,7 @@ from edge_infer.errors import EdgeInferError
 
 DEFAULT_THRESHOLD = 0.15  # of one core; an idle desktop sits at 0.01-0.05
 DEFAULT_WINDOW = 1.0  # seconds of sampling before each measurement
+SETTLE = 0.25  # seconds between a measurement and the next idle check
 
 
 class GuardRefused(EdgeInferError):
@@ -157,6 +158,9 @@ class Guard:
 
     def check_idle(self, what: str) -> tuple[str, Reading]:
         """Wait (up to `wait` s) for the cores to be quiet; returns (guard status, reading)."""
+        # OpenMP runtimes spin a little after a parallel region before they sleep (libgomp
+        # ~ms, Intel's 200 ms): let the engine timed just before settle first.
+        time.sleep(SETTLE)
         deadline = time.monotonic() + self.wait
         while True:
             reading = self.sample_idle()
