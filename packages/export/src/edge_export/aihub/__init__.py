@@ -1,0 +1,1 @@
+"""Qualcomm AI Hub: credentials and reachability first, then compile and inference jobs."""

@@ -1,0 +1,1 @@
+"""Qualcomm QNN: guarded import, QnnQuantizer calibration, simulated scores, SDK lowering."""

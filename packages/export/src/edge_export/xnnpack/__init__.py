@@ -1,0 +1,1 @@
+"""XNNPACK: .pte export and runs through executorch.runtime."""
