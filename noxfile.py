@@ -74,6 +74,8 @@ def tests(session: nox.Session) -> None:
 @nox.session(tags=["test"])
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree; uv.lock must match the pyprojects."""
+    # uv reads the ./wheels find-links folder even to check the lock: fill it first
+    session.run_install(sys.executable, str(ROOT / "tools" / "torch_wheel.py"), silent=True)
     session.run("uv", "lock", "--check", external=True)
     session.install("ruff==0.14.10")
     session.run("ruff", "check", ".")
