@@ -220,10 +220,10 @@ def _print_gemm(records, fmt: str) -> None:
     if fmt != "md":
         _print_records(records, fmt)
         return
-    from edge_harness.report.printers import md_table
+    from edge_harness.report.printers import gemm_gbs, md_table
 
     rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
-             r.engine, r.quant, f"{r.median:.1f}", f"{r.achieved_gbs:.2f}", r.guard]
+             r.engine, r.quant, f"{r.median:.1f}", gemm_gbs(r), r.guard]
             for r in records]
     sys.stdout.write(md_table(["model", "M", "layer", "N x K", "impl", "quant", "GFLOP/s",
                                "GB/s", "guard"], rows))

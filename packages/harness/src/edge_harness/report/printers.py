@@ -40,6 +40,12 @@ def md_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gemm_gbs(r: Record) -> str:
+    """Weight GB/s of a GEMM record, shown for decode shapes only: at prefill M the weights
+    are reused from cache M times and the figure means nothing."""
+    return f"{r.achieved_gbs:.2f}" if r.extra.get("m", 1) < 16 else ""
+
+
 def to_md(records: list[Record]) -> str:
     return md_table(MD_COLUMNS, [md_row(r) for r in records])
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from edge_harness.record import Record, read_records
-from edge_harness.report.printers import MD_COLUMNS, md_row, md_table
+from edge_harness.report.printers import MD_COLUMNS, gemm_gbs, md_row, md_table
 
 # Which builds are compared: ours at a quant against llama.cpp at the nearest format.
 PAIRS = (("w4a16", "q4_k_m"), ("w4a16-head", "q4_k_m"), ("w4a16", "q4_0"),
@@ -140,7 +140,7 @@ def render(results: Path, out: Path) -> str:
     gemm = [r for r in shown if r.test.startswith("gemm_")]
     if gemm:
         rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
-                 r.engine, r.quant, f"{r.median:.1f}", f"{r.achieved_gbs:.2f}", r.guard]
+                 r.engine, r.quant, f"{r.median:.1f}", gemm_gbs(r), r.guard]
                 for r in sorted(gemm, key=lambda r: (r.model, r.extra["m"], r.extra["layer"],
                                                      r.engine, r.quant))]
         parts.append("\n## GEMM microbenchmark\n\n" + md_table(
