@@ -95,8 +95,37 @@ def test_cli_run_refuses_under_the_load_generator(tmp_path, test_core, edge_home
         assert f"pid {pids[0]}" in res.stderr
         assert time.monotonic() - t0 < LOAD_SECONDS + 60
     finally:
-        load.kill()
-        load.wait()
+        load.terminate()  # SIGTERM: it stops its busy processes before it exits
+        load.wait(30)
+
+
+def test_a_killed_load_generator_leaves_no_busy_process(test_core):
+    """SIGKILL gives `bench load` no chance to clean up: its busy processes must still die with
+    it, or they would load the core for the next test or benchmark."""
+    import psutil
+
+    load = subprocess.Popen(
+        [sys.executable, "-m", "edge_infer", "bench", "load", "--cores", str(test_core),
+         "--seconds", str(LOAD_SECONDS)], stderr=subprocess.PIPE, text=True)
+    line = load.stderr.readline()
+    pids = [int(p) for p in re.search(r"pids ([\d ]+)", line).group(1).split()]
+    wait_busy(pids)
+    load.kill()
+    load.wait()
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(map(alive, pids)):
+        time.sleep(0.1)
+    survivors = [p for p in pids if alive(p)]
+    for p in survivors:
+        os.kill(p, 9)
+    assert not survivors, f"busy processes outlived the killed load generator: {survivors}"
 
 
 def test_force_records_guard_overridden(tmp_path, test_core, edge_home):
