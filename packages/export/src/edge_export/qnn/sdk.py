@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from edge_infer.errors import EdgeInferError
 from edge_infer.home import home
 
 HTP_LIB = "lib/x86_64-linux-clang/libQnnHtp.so"
@@ -79,6 +80,9 @@ def import_qualcomm():
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+    except ImportError as exc:
+        raise EdgeInferError(f"executorch's Qualcomm backend failed to import ({exc}); "
+                             "reinstall edge-infer-export with its dependencies") from exc
     finally:
         logging.disable(previous)
         # It also turns oneDNN off process-wide on AMD CPUs; our float references and the
