@@ -140,3 +140,43 @@ def _isolation_args(args: list[str]) -> list[str]:
             if a in takes_value and i + 1 < len(args):
                 out.append(args[i + 1])
     return out
+
+
+@nox.session(name="parity-spark", tags=["fidelity"])
+def parity_spark(session: nox.Session) -> None:
+    """Spark-X2.5 parity on real shapes (slow on 2 cores): our vLLM class against the plain
+    torch reference and llama.cpp's F16 logits, over 1100 token ids (window 512). Arg: the
+    registry model (default spark-x2.5-1.7b-random); figures are printed, not appended."""
+    sync(session, "edge-infer-harness")
+    model = session.posargs[0] if session.posargs else "spark-x2.5-1.7b-random"
+    session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
+    session.run("pytest", "-s", "packages/engine/tests/test_spark.py",
+                "packages/harness/tests/test_spark_llamacpp.py",
+                env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "EDGE_INFER_SPARK_PARITY": model})
+
+
+EXPORT_MODEL = "smollm2-135m"
+EXPORT_RUNS = (  # (target, extra args): the table of docs/results/export.md
+    ("xnnpack-fp32",),
+    ("xnnpack-8da4w",),
+    ("qnn-w8a16", "--calibration", "16"),
+    ("qnn-w8a16", "--calibration", "0"),
+    ("qnn-w8a16", "--calibration", "16", "--no-sink-prefix"),
+)
+
+
+@nox.session(tags=["export"])
+def export(session: nox.Session) -> None:
+    """Export smollm2-135m: XNNPACK fp32 and 8da4w .pte files run through executorch.runtime,
+    QNN w8a16 calibrated / uncalibrated / without the sink prefix (simulated), each scored by
+    SQNR; appends to docs/results/export.jsonl and renders export.md. Args go to each export."""
+    sync(session, "edge-infer-export")
+    results = ROOT / "docs" / "results"
+    out = Path(session.create_tmp()) / "export"
+    for target, *extra in EXPORT_RUNS:
+        name = "-".join([target, *(a.lstrip("-") for a in extra)])
+        session.run("edge-infer", "export", EXPORT_MODEL, "--target", target, *extra,
+                    "--out", str(out / name), "--record", str(results / "export.jsonl"),
+                    *session.posargs, env=OFFLINE_ENV)
+    session.run("python", "-m", "edge_export.records", str(results / "export.jsonl"),
+                str(results / "export.md"), "--command", "nox -s export", env=OFFLINE_ENV)
