@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from edge_export import corpus, records
+from edge_export import records
+from edge_infer import corpus
 from edge_infer.cli import build_parser
 from edge_infer.errors import EdgeInferError
 

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 from edge_export import records
-from edge_export.corpus import OTHER, token_windows
 from edge_export.decoder import (
     INPUT_NAMES,
     BlockUnit,
@@ -30,6 +29,7 @@ from edge_export.decoder import (
 )
 from edge_export.sqnr import sqnr_db
 from edge_export.targets import SQNR_TARGETS, TARGETS, preflight
+from edge_infer.corpus import OTHER, token_windows
 from edge_infer.errors import EdgeInferError, UsageError
 
 log = logging.getLogger("edge_export")
