@@ -57,7 +57,8 @@ def parse_engine(spec: str) -> EngineSpec:
     if not sep or not engine or not quant:
         raise UsageError(f"-e {spec!r}: expected ENGINE:QUANT, e.g. ours:w4a16, llama.cpp:q4_k_m")
     runner = get_runner(engine)
-    if quant not in runner.quants:
+    accepts = getattr(runner, "accepts", None)
+    if not (accepts(quant) if accepts else quant in runner.quants):
         raise UsageError(f"-e {spec!r}: {engine} offers {', '.join(runner.quants)}")
     options = []
     for item in filter(None, opts.split(",")):

@@ -58,6 +58,9 @@ def main() -> int:
             elif cmd in ("pp", "tg"):
                 seconds = getattr(runner, cmd)(req["n"], req["seed"])
                 reply = {"seconds": seconds, "wall": getattr(runner, "last_wall", None)}
+            elif cmd == "fidelity":  # logits / greedy work on the loaded build
+                from edge_harness.fidelity import score
+                reply = {"result": score.in_child(runner, **req)}
             elif cmd == "call":
                 module, fn = req["fn"].split(":")
                 reply = {"result": getattr(importlib.import_module(module), fn)(**req["kwargs"])}

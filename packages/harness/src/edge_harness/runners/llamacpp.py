@@ -126,6 +126,54 @@ class LlamaCppRunner:
             lc.llama_synchronize(self.ctx)
         return time.perf_counter() - t0
 
+    # -- fidelity (edge_harness.fidelity): full-vocabulary logits and greedy decoding ---------
+    def logprobs(self, ids: list[int], first: int):
+        """log-softmax rows [len(ids) - 1 - first, vocab]: row r is the distribution of token
+        first + r + 1, from one decode of `ids` on an empty cache (llama-perplexity's scoring)."""
+        import numpy as np
+        import torch
+
+        lc = self.lc
+        n = len(ids)
+        if n > self.n_batch:
+            raise ValueError(f"{n} ids exceed n_batch {self.n_batch}")
+        lc.llama_memory_clear(self.mem, True)
+        batch = lc.llama_batch_init(n, 0, 1)
+        try:
+            for i, tok in enumerate(ids):
+                batch.token[i] = tok
+                batch.pos[i] = i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i >= first
+            batch.n_tokens = n
+            rc = lc.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            rows = []
+            for i in range(first, n - 1):
+                ptr = lc.llama_get_logits_ith(self.ctx, i)
+                rows.append(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy())
+        finally:
+            lc.llama_batch_free(batch)
+        return torch.log_softmax(torch.from_numpy(np.stack(rows)).float(), dim=-1)
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        """n argmax tokens after `ids` (past end-of-generation, as our engine's ignore_eos)."""
+        import numpy as np
+
+        lc = self.lc
+        lc.llama_memory_clear(self.mem, True)
+        out: list[int] = []
+        self._decode(list(ids))
+        for _ in range(n):
+            logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(self.ctx, -1), shape=(self.n_vocab,))
+            tok = int(logits.argmax())
+            out.append(tok)
+            if len(out) < n:
+                self._decode([tok])
+        return out
+
     def close(self) -> None:
         lc = getattr(self, "lc", None)
         if lc is None:

@@ -24,31 +24,39 @@ The wall-clock time of the whole `generate` call is kept beside it for a sanity 
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 from edge_harness.bench.weights import hf_build_facts, source_params
 from edge_harness.runners.base import Build, ModelRef, random_ids
-from edge_infer.quant.config import SCHEMES
+from edge_infer.quant.config import GROUPS, SCHEMES
 
 
 class OursRunner:
     name = "ours"
 
     # Every 4-bit scheme the engine offers; "-head": the (tied) embedding / LM head in 4 bits
-    # too, which is what llama.cpp's Q4_K_M does with its vocabulary tensor.
+    # too, which is what llama.cpp's Q4_K_M does with its vocabulary tensor. Each also takes
+    # "-g32|-g64|-g128" (group size; default: the model's profile) and "-zp" (zero points),
+    # in the order scheme[-gN][-zp][-head], e.g. w4a16-g32-zp.
     quants = ("bf16", *SCHEMES, *(f"{s}-head" for s in SCHEMES))
 
     # -- planning side -------------------------------------------------------------------
     @classmethod
+    def accepts(cls, quant: str) -> bool:
+        try:
+            return quant == "bf16" or bool(parse_quant(quant))
+        except ValueError:
+            return False
+
+    @classmethod
     def prepare(cls, model: ModelRef, quant: str) -> Build:
         if quant == "bf16":
             path = model.hf_dir
-        elif quant in cls.quants:
-            path = our_checkpoint(model, quant)
         else:
-            raise ValueError(f"our engine has no quant {quant!r}; it offers {cls.quants}")
+            path = our_checkpoint(model, quant)
         bits, per_token = hf_build_facts(path, source_params(model.hf_dir))
         return Build(cls.name, model.name, quant, str(path), bits, per_token, model.token_range)
 
@@ -138,6 +146,27 @@ class OursRunner:
         m = self._run(random_ids(1, self.token_range, seed), max_tokens=n + 1)
         return m.last_token_ts - m.first_token_ts
 
+    # -- fidelity (edge_harness.fidelity) ----------------------------------------------
+    def logprobs(self, ids: list[int], first: int):
+        """log-softmax rows [len(ids) - 1 - first, vocab]: row r is the distribution of token
+        first + r + 1. Exact: the logits tensor vLLM computes for prompt logprobs, taken whole
+        by a hook on the model's logits processor (edge_infer.vllm_ext.logits), not the top-k
+        Python objects vLLM returns."""
+        import torch
+
+        from edge_infer.vllm_ext.logits import prompt_logits
+
+        return torch.log_softmax(prompt_logits(self.llm, ids)[first:].float(), dim=-1)
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        """n greedy tokens after `ids` (temperature 0, ignore_eos: always n to compare)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)
+        return list(out[0].outputs[0].token_ids)
+
     def close(self) -> None:
         self.llm = None
 
@@ -155,14 +184,26 @@ def our_checkpoint(model: ModelRef, quant: str) -> Path:
     from edge_infer.home import home
     from edge_infer.quant.checkpoint import quantize_checkpoint
 
-    scheme, _, head = quant.partition("-")
-    cfg = replace(profiles.load(model.name).quant.to_config(), scheme=scheme,
-                  quantize_lm_head=head == "head")
+    cfg = replace(profiles.load(model.name).quant.to_config(), **parse_quant(quant))
     zp = "-zp" if cfg.zero_point else ""
     suffix = "-head" if cfg.quantize_lm_head else ""
     out = home() / "checkpoints" / f"{model.name}-{cfg.scheme}-g{cfg.group_size}{zp}{suffix}"
     if not (out / "config.json").is_file():
         quantize_checkpoint(model.hf_dir, out, cfg, overwrite=True)
+    return out
+
+
+def parse_quant(quant: str) -> dict:
+    """'w4a16-g32-zp-head' -> W4Config overrides; ValueError naming what is offered."""
+    m = re.fullmatch(r"(?P<scheme>[a-z0-9]+)(?:-g(?P<group>\d+))?(?P<zp>-zp)?(?P<head>-head)?", quant)
+    if m is None or m["scheme"] not in SCHEMES or (m["group"] and int(m["group"]) not in GROUPS):
+        raise ValueError(f"our engine has no quant {quant!r}: it offers bf16 and "
+                         f"{'|'.join(SCHEMES)}[-g{'|-g'.join(map(str, GROUPS))}][-zp][-head]")
+    out: dict = {"scheme": m["scheme"], "quantize_lm_head": bool(m["head"])}
+    if m["group"]:
+        out["group_size"] = int(m["group"])
+    if m["zp"]:
+        out["zero_point"] = True
     return out
 
 

@@ -1,0 +1,206 @@
+"""`edge-infer fidelity`: every build against its own engine's full-precision build.
+
+For each model: the corpus chunks (edge_harness.fidelity.chunks) and the chat-formatted greedy
+prompts are made once, as token ids, and fed to every build. Per engine, its base build (ours:
+bf16, llama.cpp: F16) runs first in a pinned child and keeps its log-prob rows on disk; then
+each build of that engine runs in its own child and is scored against them. One record per
+(model, build): greedy exact matches and first divergences, llama-perplexity's statistics over
+all corpora together and per corpus, bits/weight from the files, the grid the weights came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edge_harness.bench.run import EngineSpec, resolve_model
+from edge_harness.fidelity.chunks import Chunks, make_chunks
+from edge_harness.fidelity.metrics import KLAccumulator
+from edge_harness.isolation.child import Worker, bench_lock
+from edge_harness.isolation.topology import choose_cores
+from edge_harness.runners import get_runner
+from edge_harness.runners.base import Build, ModelRef
+from edge_infer.errors import UsageError
+from edge_infer.prompts import GREEDY_PROMPTS
+from edge_infer.results import append, context
+
+BASE = {"ours": "bf16", "llama.cpp": "f16"}  # each engine's full-precision build
+
+
+@dataclass
+class FidelityPlan:
+    models: list[str]
+    builds: list[EngineSpec]
+    corpora: list[str] = field(default_factory=lambda: ["lee", "shakespeare"])
+    chunks: int = 8
+    n_ctx: int = 512
+    prompts: int = len(GREEDY_PROMPTS)
+    n_gen: int = 32
+    cores: str | None = None
+    threads: int | None = None
+    results: Path | None = None
+    command: str = ""
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def source_grid(name: str) -> str:
+    from edge_infer.models.registry import REGISTRY
+
+    entry = REGISTRY.get(name)
+    if entry is None:
+        return "unknown (a local folder)"
+    return getattr(entry.source, "grid", None) or "none (random weights)"
+
+
+def chat_prompts(model: ModelRef, count: int) -> list[list[int]]:
+    if count <= 0:
+        return []
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model.hf_dir)
+    if not tok.chat_template:
+        raise UsageError(f"{model.name} has no chat template: greedy prompts need one "
+                         "(use --prompts 0 for corpus statistics only)")
+    out = []
+    for p in GREEDY_PROMPTS[:count]:
+        text = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                       tokenize=False)
+        # the template already holds any BOS it wants: add no special tokens again
+        out.append([int(i) for i in tok(text, add_special_tokens=False)["input_ids"]])
+    return out
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+class FidelityRun:
+    def __init__(self, plan: FidelityPlan):
+        self.plan = plan
+        self.cores = choose_cores(plan.cores, plan.threads)
+        self.records: list[dict] = []
+
+    def run(self) -> list[dict]:
+        p = self.plan
+        if not p.builds:
+            raise UsageError("no builds to score (-b)")
+        for spec in p.builds:
+            if spec.engine not in BASE:
+                raise UsageError(f"-b {spec.label}: fidelity supports {', '.join(BASE)}")
+        with bench_lock(0.0):
+            for name in p.models:
+                self.model(resolve_model(name))
+        return self.records
+
+    def _worker(self, build: Build, label: str, n_ctx: int) -> Worker:
+        runner = get_runner(build.engine)
+        w = Worker(self.cores, runner.child_env(self.cores, len(self.cores), {}), label=label)
+        self.facts = w.request("load", engine=build.engine, build=build.to_dict(),
+                               threads=len(self.cores), n_ctx=n_ctx)["facts"]
+        return w
+
+    def model(self, model: ModelRef) -> None:
+        p = self.plan
+        say(f"fidelity {model.name}: preparing builds")
+        lc_f16 = get_runner("llama.cpp").prepare(model, "f16")  # also the tokenizer of the chunks
+        chunks = {c: make_chunks(Path(lc_f16.path), c, p.n_ctx, p.chunks) for c in p.corpora}
+        prompts = chat_prompts(model, p.prompts)
+        n_ctx = max([p.n_ctx] + [len(ids) + p.n_gen + 1 for ids in prompts])
+        ids_digest = hashlib.sha256(json.dumps(
+            {c: ch.ids for c, ch in chunks.items()}).encode()).hexdigest()[:16]
+        for engine in dict.fromkeys(s.engine for s in p.builds):
+            base = lc_f16 if engine == "llama.cpp" else get_runner(engine).prepare(model, BASE[engine])
+            folder = _cache() / model.name / f"{engine}-{base.quant}-{ids_digest}"
+            say(f"fidelity {model.name}: base {engine}:{base.quant}")
+            w = self._worker(base, f"{model.name}-{engine}-{base.quant}", n_ctx)
+            try:
+                for c, ch in chunks.items():
+                    w.request("fidelity", task="base", folder=str(folder), corpus=c,
+                              chunks=ch.ids, first=ch.first)
+                base_greedy = (w.request("fidelity", task="greedy", prompts=prompts, n=p.n_gen)["result"]
+                               if prompts else [])
+            finally:
+                w.close()
+            for spec in (s for s in p.builds if s.engine == engine):
+                build = get_runner(engine).prepare(model, spec.quant)
+                say(f"fidelity {model.name}: {spec.label} against {engine}:{base.quant}")
+                self.score(model, base, build, folder, chunks, prompts, base_greedy, n_ctx)
+
+    def score(self, model, base: Build, build: Build, folder: Path, chunks: dict[str, Chunks],
+              prompts, base_greedy, n_ctx) -> None:
+        p = self.plan
+        t0 = time.monotonic()
+        w = self._worker(build, f"{model.name}-{build.engine}-{build.quant}", n_ctx)
+        try:
+            per_corpus = {}
+            total = KLAccumulator()
+            for c, ch in chunks.items():
+                r = w.request("fidelity", task="compare", folder=str(folder), corpus=c,
+                              chunks=ch.ids, first=ch.first)["result"]
+                acc = KLAccumulator()
+                for a in (acc, total):
+                    a.kl.append(np.array(r["kl"]))
+                    a.same.append(np.array(r["same"], dtype=bool))
+                    a.nll_base.append(np.array(r["nll_base"]))
+                    a.nll_test.append(np.array(r["nll_test"]))
+                per_corpus[c] = {**acc.summary(), "chunks": len(ch.ids),
+                                 "corpus_tokens": ch.total_tokens}
+            greedy = (w.request("fidelity", task="greedy", prompts=prompts, n=p.n_gen)["result"]
+                      if prompts else [])
+        finally:
+            w.close()
+        divergences = [first_divergence(a, b) for a, b in zip(base_greedy, greedy, strict=True)]
+        rec = {
+            "kind": "fidelity",
+            **context(threads=len(self.cores)),
+            "command": p.command,
+            "model": model.name,
+            "source_grid": source_grid(model.name),
+            "engine": build.engine,
+            "engine_version": self.facts.get("version"),
+            "quant": build.quant,
+            "base": f"{base.engine}:{base.quant}",
+            "bits_per_weight": round(build.bits_per_weight, 4),
+            "base_bits_per_weight": round(base.bits_per_weight, 4),
+            "cores": self.cores,
+            "n_ctx": p.n_ctx,
+            "scored_from": p.n_ctx // 2,
+            "corpora": per_corpus,
+            **{k: v for k, v in total.summary().items()},
+            "greedy_prompts": len(prompts),
+            "greedy_tokens": p.n_gen,
+            "greedy_exact": sum(d is None for d in divergences),
+            "greedy_first_divergence": divergences,
+            "seconds": round(time.monotonic() - t0, 1),
+        }
+        if "w4_kernels" in self.facts:
+            rec["w4_kernels"] = self.facts["w4_kernels"]
+        self.records.append(rec)
+        if p.results is not None:
+            append(p.results, rec)
+        say(f"  {build.engine}:{build.quant}: {rec['bits_per_weight']:.2f} b/w, greedy "
+            f"{rec['greedy_exact']}/{len(prompts)}, same top {rec['same_top_pct']:.2f}%, "
+            f"mean KL {rec['kl_mean']:.5f}, KL p99 {rec['kl_p99']:.4f}, PPL ratio {rec['ppl_ratio']:.4f}")
+
+
+def _cache() -> Path:
+    from edge_infer.home import home
+
+    return home() / "fidelity"
+
+
+def default_results() -> Path:
+    return Path(os.environ.get("EDGE_INFER_RESULTS", "docs/results")) / "fidelity.jsonl"
