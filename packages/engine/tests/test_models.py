@@ -215,3 +215,30 @@ def test_random_model_is_deterministic(smollm2, monkeypatch, tmp_path):
     w = model.model.layers[0].mlp.up_proj.weight
     assert abs(float(w.float().std()) - 0.02) < 0.002
     assert torch.equal(model.model.norm.weight, torch.ones(64, dtype=model.dtype))
+
+
+def test_capture_writes_per_layer_activation_stats(smollm2, tmp_path):
+    """`edge-infer capture` on the builtin stream: every linear layer has per-channel absmax
+    and mean |x| and ordered percentiles; the file reads back through load_stats."""
+    import torch
+
+    from edge_infer.quant.capture import PERCENTILES, load_stats
+
+    out = tmp_path / "stats.safetensors"
+    res = run_cli("capture", "smollm2-135m", "--corpus", "builtin", "--windows", "2",
+                  "--length", "32", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    stats = load_stats(out)
+    assert "model.layers.0.self_attn.q_proj" in stats and "lm_head" in stats
+    assert len(stats) == 30 * 7 + 1  # 30 layers x (q k v o gate up down) + lm_head
+    s = stats["model.layers.0.mlp.down_proj"]
+    assert s.absmax.shape == (1536,) and s.mean_abs.shape == (1536,)
+    assert (s.absmax >= s.mean_abs).all() and (s.mean_abs > 0).all()
+    pct = [s.abs_percentiles[p] for p in PERCENTILES]
+    assert pct == sorted(pct) and pct[-1] == pytest.approx(s.absmax.max().item(), rel=1e-5)
+    assert torch.isfinite(s.absmax).all()
+
+
+def test_capture_refuses_what_is_not_a_model(tmp_path):
+    res = run_cli("capture", str(tmp_path), "--out", str(tmp_path / "x.safetensors"))
+    assert res.returncode == 2 and "config.json" in res.stderr

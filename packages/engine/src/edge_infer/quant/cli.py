@@ -44,3 +44,31 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(json.dumps(report.as_dict(), indent=2))
     return 0
+
+
+def add_capture(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("capture", help="per-layer activation statistics over a corpus "
+                       "(safetensors), for calibration")
+    p.add_argument("model", metavar="MODEL", help="HF folder, or a name from `models list`")
+    p.add_argument("--corpus", default="lee", help="lee | shakespeare | builtin (default lee)")
+    p.add_argument("--windows", type=int, default=8, help="token windows (default 8)")
+    p.add_argument("--length", type=int, default=512, help="tokens per window (default 512)")
+    p.add_argument("--out", type=Path, required=True, help="the .safetensors file to write")
+    p.set_defaults(func=cmd_capture)
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from edge_infer.quant.capture import capture
+
+    if args.windows < 1 or args.length < 2:
+        raise UsageError("--windows must be >= 1 and --length >= 2")
+    src = args.model
+    if src in REGISTRY:
+        from edge_infer.models.store import model_path
+
+        src = model_path(src).hf_dir
+    src = Path(src)
+    if not (src / "config.json").is_file():
+        raise UsageError(f"MODEL {src}: not a HF folder (no config.json) nor a registry name")
+    print(json.dumps(capture(src, args.corpus, args.windows, args.length, args.out), indent=2))
+    return 0
