@@ -175,3 +175,20 @@ def test_kernel_is_logged(server):
     text = log.read_text()
     assert "quantization=edge_w4" in text
     assert "edge_w4 w4a16: kernel tinygemm" in text
+
+
+
+def test_serve_runs_the_worker_in_the_engine_process(edge_home):
+    """vLLM's CPU backend otherwise puts its worker in a third process behind shared-memory
+    queues of 160 + 240 MiB, which a container's default 64 MiB /dev/shm cannot hold (so
+    `docker run edge-infer serve` would fail), and which costs a process start and an IPC hop
+    per step. serve asks for the in-process executor, which the CPU platform keeps only with
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 (the API server still runs the engine core apart)."""
+    from edge_infer.cli import build_parser
+    from edge_infer.serve.cli import serve_command
+
+    args = build_parser().parse_args(["serve", "--dry-run"])
+    cmd, env = serve_command(args)
+    i = cmd.index("--distributed-executor-backend")
+    assert cmd[i + 1] == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

@@ -28,7 +28,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "smollm2-135m quantized to W4A16 (built on first use).",
     )
     p.add_argument("model", nargs="?", metavar="MODEL")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--host", default=os.environ.get("EDGE_INFER_HOST", "127.0.0.1"),
+                   help="bind address (default 127.0.0.1, or EDGE_INFER_HOST; the image sets 0.0.0.0)")
     p.add_argument("--port", type=_port, default=8000)
     p.add_argument("--api-key", default=os.environ.get("EDGE_INFER_API_KEY"),
                    help="require this bearer key (or EDGE_INFER_API_KEY)")
@@ -59,6 +60,11 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "--max-num-seqs", str(s.max_num_seqs),
         "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
         "--disable-uvicorn-access-log",
+        # The worker in the engine-core process: no third process and no shared-memory queues
+        # (160 + 240 MiB of /dev/shm, more than a container's default 64 MiB). vLLM's CPU
+        # platform keeps "uni" only with VLLM_ENABLE_V1_MULTIPROCESSING=0 (set below); the API
+        # server still runs the engine core in its own process.
+        "--distributed-executor-backend", "uni",
     ]
     if s.enforce_eager:
         cmd.append("--enforce-eager")
@@ -69,7 +75,7 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         with os.fdopen(fd, "w") as f:
             f.write(r.profile.chat.template)
         cmd += ["--chat-template", path]
-    env = {**os.environ, **vllm_env(r.profile, args.threads)}
+    env = {**os.environ, **vllm_env(r.profile, args.threads), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     return cmd, env
 
 

@@ -1,0 +1,58 @@
+# edge-infer harness image: the engine, llama.cpp (llama-cpp-python built from its sdist for a
+# portable x86-64 target) and the benchmark harness. `docker run edge-infer-harness bench ...`.
+#   docker build -f docker/harness.Dockerfile -t edge-infer-harness .
+# Benchmarks pin cores and refuse a busy machine: run with --cpuset-cpus and nothing beside it.
+
+ARG BASE_IMAGE=docker.io/library/debian:bookworm-slim@sha256:b55e2651b71408015f8068dd74e1d04404a8fa607dd2cfe284b4824c11f4d9bd
+
+FROM ${BASE_IMAGE} AS build
+ARG UV_VERSION=0.13.9
+# llama.cpp's default -march=native would tie the image to the build host's CPU: build for any
+# x86-64 with AVX2+FMA instead (figures from this image on an AVX-512 host understate llama.cpp
+# there; build with CMAKE_ARGS="-DGGML_NATIVE=ON" on the host that measures).
+ARG CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+ENV DEBIAN_FRONTEND=noninteractive \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    UV_PROJECT_ENVIRONMENT=/opt/venv \
+    UV_PYTHON=/usr/bin/python3.11 \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_LINK_MODE=copy \
+    CMAKE_ARGS=${CMAKE_ARGS}
+COPY docker/ca/ /usr/local/share/ca-certificates/build/
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev \
+        ca-certificates g++ cmake ninja-build libgomp1 \
+ && update-ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir "uv==${UV_VERSION}"
+WORKDIR /src
+COPY pyproject.toml uv.lock ./
+COPY wheels/ wheels/
+COPY packages/engine/pyproject.toml packages/engine/
+COPY packages/harness/pyproject.toml packages/harness/
+COPY packages/export/pyproject.toml packages/export/
+RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
+        --package edge-infer-harness
+COPY packages/engine/ packages/engine/
+COPY packages/harness/ packages/harness/
+RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable --package edge-infer-harness
+
+FROM ${BASE_IMAGE}
+ENV DEBIAN_FRONTEND=noninteractive
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3 libgomp1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --create-home --uid 10001 edge
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+    PYTHONUNBUFFERED=1
+USER edge
+WORKDIR /home/edge
+HEALTHCHECK --interval=60s --timeout=20s CMD ["edge-infer", "bench", "--help"]
+ENTRYPOINT ["edge-infer"]
+CMD ["bench", "--help"]

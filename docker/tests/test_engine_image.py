@@ -1,0 +1,91 @@
+"""The engine image for real: `docker run -p 127.0.0.1:PORT:8000 edge-infer serve`, a completion
+through the published port with the openai client, then `docker stop`. Needs a Docker API
+(here: podman's, see tools/podman_setup.sh) and the image built by `nox -s images`."""
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+import uuid
+
+import openai
+import pytest
+
+IMAGE = os.environ.get("EDGE_INFER_IMAGE", "edge-infer")
+START_TIMEOUT = 900  # vLLM starts in 1-3 min on 2 cores; slower on a busy CI machine
+
+
+def docker(*args, check=True, timeout=120):
+    res = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed ({res.returncode}): {res.stderr.strip()}")
+    return res
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def container():
+    name = f"edge-infer-test-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    # The command the README gives, with a free host port:
+    docker("run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", IMAGE, "serve")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            state = docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip()
+            if state != "true":
+                logs = docker("logs", "--tail", "40", name, check=False)
+                pytest.fail(f"container exited while starting:\n{logs.stdout}{logs.stderr}")
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"no /health within {START_TIMEOUT} s")
+            time.sleep(2)
+        yield name, base
+    finally:
+        docker("stop", "-t", "30", name, check=False, timeout=90)
+        docker("rm", "-f", name, check=False)
+
+
+def test_serve_answers_a_completion_through_the_published_port(container):
+    name, base = container
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120)
+    (model,) = [m.id for m in client.models.list().data]
+    out = client.completions.create(model=model, prompt="The capital of France is",
+                                    max_tokens=8, temperature=0)
+    assert out.choices[0].text.strip(), out
+    assert 0 < out.usage.completion_tokens <= 8, out.usage
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8,
+        temperature=0)
+    assert chat.choices[0].message.content.strip(), chat
+
+
+def test_serves_as_a_non_root_user_and_stops_cleanly(container):
+    name, _ = container
+    assert docker("exec", name, "id", "-u").stdout.strip() != "0"
+    t0 = time.monotonic()
+    docker("stop", "-t", "30", name, timeout=90)
+    assert time.monotonic() - t0 < 30, "the server ignored SIGTERM and was killed"
+    assert docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() == "false"
+
+
+def test_image_has_cpu_torch_and_no_toolchain():
+    res = docker("run", "--rm", "--entrypoint", "python3", IMAGE, "-c",
+                 "import torch, vllm; print(torch.__version__, torch.version.cuda)", timeout=300)
+    version, cuda = res.stdout.split()[-2:]
+    assert version.endswith("+cpu") and cuda == "None", res.stdout
+    res = docker("run", "--rm", "--entrypoint", "sh", IMAGE, "-c",
+                 "command -v gcc || command -v cc || command -v g++", check=False)
+    assert res.returncode != 0, f"a compiler in the final image: {res.stdout}"
