@@ -48,9 +48,9 @@ FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 \
+ && apt-get install -y --no-install-recommends python3 libnuma1 \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --create-home --uid 10001 edge
+ && useradd --create-home --uid 10001 edge
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build --chown=edge:edge /opt/edge-infer /opt/edge-infer
 ENV PATH=/opt/venv/bin:$PATH \

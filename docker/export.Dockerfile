@@ -41,7 +41,7 @@ ENV DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --create-home --uid 10001 edge \
+ && useradd --create-home --uid 10001 edge \
  && install -d -o edge -g edge /out
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \

@@ -44,9 +44,9 @@ FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 libgomp1 \
+ && apt-get install -y --no-install-recommends python3 libgomp1 libnuma1 \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --create-home --uid 10001 edge
+ && useradd --create-home --uid 10001 edge
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
