@@ -106,3 +106,31 @@ def _running(p) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE  # a zombie is dead, only not yet reaped
     except psutil.NoSuchProcess:
         return False
+
+
+def test_comparison_page_is_generated_from_the_records(tmp_path):
+    """docs/engines/comparison.md: ratio of medians ours / llama.cpp, % of the ceiling, the
+    fidelity rows with their grid, and the section on what is not established."""
+    from edge_harness.report.comparison import render
+
+    bench = tmp_path / "bench.jsonl"
+    common = dict(model="m", cores=[0, 1], threads=2, cpu_model="CPU X", isa="avx2",
+                  cpu_flags=["avx2"], command="edge-infer bench run")
+    append_record(bench, rec(engine="numpy", quant="-", test="ceiling", samples=[20.0],
+                             unit="GB/s", **common))
+    append_record(bench, rec(engine="ours", quant="w4a16", samples=[30.0, 32.0, 31.0],
+                             achieved_gbs=3.1, bits_per_weight=4.5, **common))
+    append_record(bench, rec(engine="llama.cpp", quant="q4_k_m", samples=[60.0, 62.0, 61.0],
+                             achieved_gbs=6.1, bits_per_weight=5.2, **common))
+    fid = {"kind": "fidelity", "model": "m", "engine": "ours", "quant": "w4a16", "base": "ours:bf16",
+           "source_grid": "Q4_1 (groups of 32)", "bits_per_weight": 4.5, "greedy_exact": 3,
+           "greedy_prompts": 12, "same_top_pct": 91.5, "kl_mean": 0.0421, "kl_p99": 0.5,
+           "ppl_ratio": 1.03, "n_ctx": 512, "machine": {"cpu_model": "CPU X", "isa": "avx2"},
+           "command": "edge-infer fidelity run"}
+    (tmp_path / "fidelity.jsonl").write_text(json.dumps(fid) + "\n")
+    md = render(tmp_path)
+    assert "**0.51x**" in md  # 31 / 61
+    assert "15.5" in md  # 3.1 GB/s of the 20 GB/s ceiling, in %
+    assert "| m | Q4_1 | ours | w4a16 | ours:bf16 | 4.50 | 3/12 | 91.50 | 0.04210 |" in md
+    assert "## What the comparisons do not establish" in md
+    assert "no export.jsonl" in md

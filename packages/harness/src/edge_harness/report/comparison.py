@@ -1,0 +1,158 @@
+"""docs/engines/comparison.md, generated from docs/results/*.jsonl (never typed by hand):
+
+    python -m edge_harness.report.comparison docs/results docs/engines/comparison.md
+
+Speed (bench.jsonl: ours / llama.cpp medians, % of the streaming ceiling), fidelity
+(fidelity.jsonl), the phone path (export.jsonl), each with where and how it was measured, then
+what the comparisons do not establish.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from edge_harness.record import read_records
+from edge_harness.report.printers import md_table
+from edge_harness.report.render import fill_ceiling, is_speed, latest, ratio_table
+
+NOT_ESTABLISHED = """## What the comparisons do not establish
+
+- **Other CPUs.** Every figure here is from one 2-core AMD Zen 3 VM (AVX2, no AVX-512, no AMX)
+  that is shared with other work; the contention guard refused busy measurements, but a VM's
+  memory bandwidth and turbo behaviour vary between runs. Ratios measured in one interleaved run
+  carry over better than absolute tok/s.
+- **ARM.** Nothing was measured on ARM (phones, Graviton, Apple): the phone path is scored by
+  SQNR, not speed, and QNN figures are simulated unless a record says `measured: device`.
+- **AMX / AVX-512.** vLLM's own AMX/AVX-512 4-bit kernel and the seed's AMX figures are not
+  reproduced here; no lent machine with those units was available to these runs.
+- **Real weights for speed.** Speed is measured on random weights of real shapes (qwen3-0.6b,
+  Spark-X2.5-1.7B) and on smollm2-135m; decode speed does not depend on the values, fidelity does.
+- **Fidelity of the formats in general.** The trained reference weights were already 4-bit
+  (smollm2: Q4_1 groups of 32; qwen2.5-coder: Q4_K_M). Re-quantizing onto the grid they came
+  from is nearly lossless and flatters that format; each fidelity table names its grid.
+- **Equal bits.** Formats store different bits per weight (scales, zero points, which tensors
+  stay in 8 or 16 bits); every row states its bits/weight, counted from the files. A faster or
+  more faithful build at more bits/weight is a different trade, not a win.
+- **Serving throughput.** The speed tables are single-sequence llama-bench pp/tg; batching,
+  concurrency and prefix caching (where vLLM is strong) are not compared.
+"""
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def speed_section(results: Path) -> str:
+    path = results / "bench.jsonl"
+    if not path.is_file():
+        return "## Speed\n\n(no bench.jsonl: run `nox -s bench-x86`)\n"
+    shown = latest(read_records(path))
+    fill_ceiling(shown)
+    speed = [r for r in shown if is_speed(r)]
+    if not speed:
+        return "## Speed\n\n(no pp/tg records)\n"
+    cpus = sorted({f"{r.cpu_model}, {r.isa} ({' '.join(r.cpu_flags)})" for r in speed})
+    threads = sorted({r.threads for r in speed})
+    versions = sorted({r.engine_version.split(" (")[0] for r in speed if r.engine in ("ours", "llama.cpp")})
+    commands = list(dict.fromkeys(r.command for r in speed if r.command))
+    reps = sorted({len(r.samples) for r in speed})
+    guard = sorted({r.guard for r in speed})
+    lines = ["## Speed: ours / llama.cpp", "",
+             f"Machine: {'; '.join(cpus)}; threads {threads} (one per physical core, same cores "
+             f"for every engine); medians of {reps} repetitions after a warm-up, engines "
+             f"interleaved; contention guard: {', '.join(guard)}.", "",
+             f"Versions: {'; '.join(versions)}.", "",
+             "Commands: " + "; ".join(f"`{c}`" for c in commands), "",
+             ratio_table(shown), "",
+             "Decode against the streaming-read ceiling (achieved GB/s = bytes of weights read per "
+             "token x tok/s):", ""]
+    tg = sorted((r for r in speed if r.test.startswith("tg") and r.achieved_gbs is not None),
+                key=lambda r: (r.model, r.engine, r.quant))
+    lines.append(md_table(
+        ["model", "engine", "quant", "bits/weight", "tok/s (median)", "GB/s", "% of ceiling"],
+        [[r.model, r.engine, r.quant, f"{r.bits_per_weight:.2f}" if r.bits_per_weight else "",
+          f"{r.median:.2f}", f"{r.achieved_gbs:.2f}",
+          f"{r.pct_ceiling:.1f}" if r.pct_ceiling is not None else ""] for r in tg]))
+    return "\n".join(lines) + "\n"
+
+
+def fidelity_section(results: Path) -> str:
+    recs = {}
+    for r in _read_jsonl(results / "fidelity.jsonl"):
+        if r.get("kind") == "fidelity":
+            recs[(r["model"], r["engine"], r["quant"])] = r
+    if not recs:
+        return "## Fidelity\n\n(no fidelity.jsonl: run `nox -s fidelity`)\n"
+    rows = []
+    order = sorted(recs.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[1]["bits_per_weight"]))
+    for (model, engine, quant), r in order:
+        greedy = f"{r['greedy_exact']}/{r['greedy_prompts']}" if r["greedy_prompts"] else "-"
+        rows.append([model, r["source_grid"].split(" (")[0], engine, quant, r["base"],
+                     f"{r['bits_per_weight']:.2f}", greedy, f"{r['same_top_pct']:.2f}",
+                     f"{r['kl_mean']:.5f}", f"{r['kl_p99']:.4f}", f"{r['ppl_ratio']:.4f}"])
+    any_rec = next(iter(recs.values()))
+    cmds = sorted({r["command"] for r in recs.values() if r.get("command")})
+    crosscheck = [r for r in _read_jsonl(results / "fidelity.jsonl") if r.get("kind") == "crosscheck"]
+    lines = ["## Fidelity: each build against its own engine's full precision", "",
+             f"Machine: {any_rec['machine'].get('cpu_model')} ({any_rec['machine'].get('isa')}). "
+             "llama-perplexity's statistics over lee + shakespeare chunks of "
+             f"{any_rec['n_ctx']} tokens; greedy = exact reproductions of 12 chat prompts. "
+             "Details: [../results/fidelity.md](../results/fidelity.md).", "",
+             "Commands: " + "; ".join(f"`{c}`" for c in cmds), "",
+             md_table(["model", "weights came from", "engine", "build", "vs", "bits/weight",
+                       "greedy", "same top %", "mean KL", "KL p99", "PPL ratio"], rows)]
+    if crosscheck:
+        c = crosscheck[-1]
+        lines += ["", f"Cross-check against `llama-perplexity --kl-divergence` ({c['model']} "
+                  f"llama.cpp {c['quant']} vs F16, {c['corpus']} x {c['chunks']} chunks): mean KL "
+                  f"ours {c['ours']['kl_mean']:.6f} vs tool {c['llama_perplexity']['kl_mean']:.6f}, "
+                  f"same top ours {c['ours']['same_top_pct']:.3f}% vs tool "
+                  f"{c['llama_perplexity']['same_top_pct']:.3f}% "
+                  f"({'agree' if c['agree'] else 'DISAGREE'} within {c['tolerance']:.0%})."]
+    return "\n".join(lines) + "\n"
+
+
+def export_section(results: Path) -> str:
+    recs = {}
+    for r in _read_jsonl(results / "export.jsonl"):
+        key = (r.get("model"), r.get("target"), r.get("calibration"), r.get("sink_prefix") is not None)
+        recs[key] = r
+    if not recs:
+        return "## Phone path\n\n(no export.jsonl: run `nox -s export`)\n"
+    rows = [[r.get("model"), r.get("target"), str(r.get("calibration") or "none"),
+             f"{r['sqnr_db']:.1f}" if r.get("sqnr_db") is not None else "", r.get("measured", ""),
+             r.get("needs") or ""] for r in recs.values()]
+    return ("## Phone path: SQNR of each export target\n\nSQNR of logits against the float "
+            "eager model, in dB (higher is better). Details: "
+            "[../results/export.md](../results/export.md).\n\n"
+            + md_table(["model", "target", "calibration", "SQNR dB", "measured", "needs"], rows) + "\n")
+
+
+def render(results: Path) -> str:
+    parts = ["# Where our numbers sit", "",
+             "Generated by `nox -s docs` (`python -m edge_harness.report.comparison docs/results "
+             "docs/engines/comparison.md`) from the JSONL records in `docs/results/`; do not edit "
+             "by hand. Engine pages: [llama.cpp](llama.cpp.md), [vLLM](vllm.md), "
+             "[ExecuTorch](executorch.md), [MNN](mnn.md), [ncnn](ncnn.md).", "",
+             speed_section(results), fidelity_section(results), export_section(results),
+             NOT_ESTABLISHED]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m edge_harness.report.comparison RESULTS_DIR OUT.md", file=sys.stderr)
+        return 2
+    out = Path(args[1])
+    out.write_text(render(Path(args[0])))
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
