@@ -22,10 +22,13 @@ PACKAGES = {"engine": "edge-infer", "harness": "edge-infer-harness", "export": "
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
 
 
-def sync(session: nox.Session, *packages: str, extras: tuple[str, ...] = ()) -> None:
+def sync(session: nox.Session, *packages: str, extras: tuple[str, ...] = (),
+         all_packages: bool = False) -> None:
     """Install the locked dependencies of `packages` (plus the test tools) into the session."""
     session.run_install(sys.executable, str(ROOT / "tools" / "torch_wheel.py"), silent=True)
     args = ["uv", "sync", "--frozen", "--inexact", "--group", "dev"]
+    if all_packages:
+        args.append("--all-packages")
     for pkg in packages:
         args += ["--package", pkg]
     for extra in extras:
@@ -304,7 +307,7 @@ def fidelity_crosscheck(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Regenerate the pages written from measured results: docs/results/report.md (bench),
     fidelity.md, export.md and docs/engines/comparison.md. Measures nothing."""
-    sync(session, "edge-infer-harness", "edge-infer-export")
+    sync(session, all_packages=True)
     results = ROOT / "docs" / "results"
     if (results / "bench.jsonl").is_file():
         session.run("edge-infer", "bench", "report", env=OFFLINE_ENV)

@@ -116,20 +116,31 @@ def fidelity_section(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _calibration(c) -> str:
+    if not c:
+        return "none"
+    if isinstance(c, dict):
+        return f"{c.get('corpus', '?')} x {c.get('samples', '?')}"
+    return str(c)
+
+
 def export_section(results: Path) -> str:
     recs = {}
     for r in _read_jsonl(results / "export.jsonl"):
-        key = (r.get("model"), r.get("target"), r.get("calibration"), r.get("sink_prefix") is not None)
+        key = (r.get("model"), r.get("target"), json.dumps(r.get("calibration"), sort_keys=True),
+               r.get("sink_prefix") is not None)
         recs[key] = r
     if not recs:
         return "## Phone path\n\n(no export.jsonl: run `nox -s export`)\n"
-    rows = [[r.get("model"), r.get("target"), str(r.get("calibration") or "none"),
+    rows = [[r.get("model"), r.get("target"), _calibration(r.get("calibration")),
              f"{r['sqnr_db']:.1f}" if r.get("sqnr_db") is not None else "", r.get("measured", ""),
              r.get("needs") or ""] for r in recs.values()]
+    sinks = ["yes" if r.get("sink_prefix") else "no" for r in recs.values()]
     return ("## Phone path: SQNR of each export target\n\nSQNR of logits against the float "
             "eager model, in dB (higher is better). Details: "
             "[../results/export.md](../results/export.md).\n\n"
-            + md_table(["model", "target", "calibration", "SQNR dB", "measured", "needs"], rows) + "\n")
+            + md_table(["model", "target", "calibration", "sink prefix", "SQNR dB", "measured", "needs"],
+                       [row[:3] + [sink] + row[3:] for row, sink in zip(rows, sinks, strict=True)]) + "\n")
 
 
 def render(results: Path) -> str:
