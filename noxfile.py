@@ -188,9 +188,10 @@ if os.environ.get("CI"):
 BENCH_MODELS = ("smollm2-135m", "qwen3-0.6b-random")
 # torch's floor runs fp32 (the bf16 weights upcast, lossless): on AVX2 without native bf16,
 # torch's bf16 matmuls are several times slower than its fp32 ones.
-BENCH_SPARK = ("spark-x2.5-1.7b-random", "ours:w4a16,ours:w4a16-head,llama.cpp:q4_k_m,llama.cpp:q4_0")
-BENCH_ENGINES = ("ours:bf16,ours:w4a16,ours:w4a16-head,llama.cpp:bf16,llama.cpp:q4_k_m,llama.cpp:q4_0,"
-                 "torch:fp32")
+BENCH_SPARK = ("spark-x2.5-1.7b-random",
+               "ours:w4a16-head,ours:w4a8-head,llama.cpp:q4_k_m,llama.cpp:q4_0")
+BENCH_ENGINES = ("ours:bf16,ours:w4a16,ours:w4a16-head,ours:w4a8-head,llama.cpp:bf16,llama.cpp:q4_k_m,"
+                 "llama.cpp:q4_0,torch:fp32")
 
 
 @nox.session(name="bench-x86", tags=["bench"])

@@ -1,4 +1,5 @@
-"""Each W4A16 kernel against plain-torch dequantize-then-matmul, on awkward shapes."""
+"""Each 4-bit kernel (W4A16 and W4A8) against plain-torch dequantize-then-matmul, on awkward
+shapes, on every instruction-set path this CPU can run."""
 
 import pytest
 import torch
@@ -15,40 +16,48 @@ from edge_infer.quant.primitives import (
 AVAILABLE = [k for k in w4a16.KERNELS.values() if k.available()]
 
 
-def runnable(kernel, n, k, g) -> bool:
-    """False for a shape the kernel refuses; then the dispatcher must pick another one."""
-    if kernel.supports(n, k, g):
+def runnable(kernel, n, k, g, scheme="w4a16") -> bool:
+    """False for a shape/scheme the kernel refuses; then the dispatcher must pick another."""
+    if scheme in kernel.schemes and kernel.supports(n, k, g):
         return True
-    other = w4a16.select(n, k, g)
-    assert other is not kernel and other.supports(n, k, g)
+    other = w4a16.select(n, k, g, scheme=scheme)
+    assert other is not kernel and other.supports(n, k, g) and scheme in other.schemes
     return False
+
+
 SHAPES = [  # (M, N, K, group)
     (1, 256, 512, 128),
     (3, 96, 576, 64),  # K = 4.5 x 128: SmolLM2's hidden size
-    (512, 128, 256, 32),
+    (512, 128, 256, 32),  # prefill-sized M: the tiled GEMM path
     (1, 8, 64, 32),  # N = 8: below tinygemm's N % 16
     (7, 1536, 576, 64),
+    (1, 17, 96, 32),  # K % 64 != 0: our lanes64 layout refuses, another kernel runs
+    (5, 33, 192, 32),  # N odd, not a multiple of the 4-row W4A8 tile; M just above GEMV
+    (4, 1030, 1024, 128),  # M at the GEMV limit; N crosses the 512-row GEMM tile
+    (9, 1030, 128, 128),  # M above it: tiles of 512, 512 and 6 rows
 ]
 
 
-def reference(x, q, s, z, group):
-    return x.float() @ dequantize_w4(q, s, z, group).T
+def reference(x, q, s, z, group, scheme="w4a16"):
+    xr = w4a16.quantize_activations(x) if scheme == "w4a8" else x.float()
+    return xr @ dequantize_w4(q, s, z, group).T
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE, ids=lambda k: k.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("zero_point", [False, True], ids=["sym", "zp"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_kernel_matches_reference(kernel, shape, zero_point, dtype):
+@pytest.mark.parametrize("scheme", w4a16.SCHEMES)
+def test_kernel_matches_reference(kernel, shape, zero_point, dtype, scheme):
     m, n, k, g = shape
-    if not runnable(kernel, n, k, g):
+    if not runnable(kernel, n, k, g, scheme):
         return
     gen = torch.Generator().manual_seed(hash(shape) % 2**31)
     w = torch.randn(n, k, generator=gen)
     x = torch.randn(m, k, generator=gen).to(dtype)
     q, s, z = quantize_w4(w, g, zero_point)
-    y = kernel.forward(x, kernel.prepack(q, s, z, g, dtype), None)
-    ref = reference(x, q, s, z, g)
+    y = kernel.forward(x, kernel.prepack(q, s, z, g, dtype, scheme), None)
+    ref = reference(x, q, s, z, g, scheme)
     assert y.shape == (m, n) and y.dtype == dtype
     # fp32: only summation order differs. bf16: the output itself is rounded to 8 bits.
     tol = 1e-4 if dtype == torch.float32 else 1e-2
@@ -67,9 +76,13 @@ def test_kernel_3d_input_and_bias(kernel):
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE, ids=lambda k: k.name)
-def test_extreme_codes(kernel):
-    """Codes at 0 and 15, zero points at 0 and 15, huge and tiny scales."""
+@pytest.mark.parametrize("scheme", w4a16.SCHEMES)
+def test_extreme_codes(kernel, scheme):
+    """Codes at 0 and 15, zero points at 0 and 15, huge and tiny scales, and (for the int8
+    activations) an all-zero activation block next to a huge one."""
     n, k, g = 32, 64, 32
+    if not runnable(kernel, n, k, g, scheme):
+        return
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
     q[0], q[1] = 0, 15
     s = torch.full((n, k // g), 1e-3).to(torch.bfloat16)
@@ -77,9 +90,11 @@ def test_extreme_codes(kernel):
     z = torch.randint(0, 16, (n, k // g), dtype=torch.uint8)
     z[3], z[4] = 0, 15
     x = torch.randn(3, k)
-    y = kernel.forward(x, kernel.prepack(q, s, z, g, torch.float32), None)
-    ref = reference(x, q, s, z, g)
-    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-3)
+    x[1, :32] = 0.0
+    x[2, 32:] *= 1e4
+    y = kernel.forward(x, kernel.prepack(q, s, z, g, torch.float32, scheme), None)
+    ref = reference(x, q, s, z, g, scheme)
+    torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-3 * float(ref.abs().max()) / 1e3)
 
 
 def test_k_not_multiple_of_group_is_refused():
@@ -133,8 +148,17 @@ def test_forced_dispatch(monkeypatch):
 def test_unavailable_kernel_falls_back(monkeypatch):
     """A CPU/build without the preferred kernel gets the next one, never a crash."""
     monkeypatch.delenv(w4a16.FORCE_ENV, raising=False)
+    # a CPU without AVX2: our AVX2 path is unavailable, tinygemm is next
+    monkeypatch.setattr(w4a16.EdgeAvx2, "_cpu_ok", classmethod(lambda cls: False))
+    assert w4a16.select(64, 128, 32) is w4a16.TinyGemm
+    # W4A8 has no tinygemm: the portable build of our kernels takes it
+    assert w4a16.select(64, 128, 32, scheme="w4a8") is w4a16.EdgePortable
     monkeypatch.setattr(w4a16.TinyGemm, "available", staticmethod(lambda: False))
+    assert w4a16.select(64, 128, 32) is w4a16.EdgePortable
+    # no compiler / a failed build: the plain torch reference, for both schemes
+    monkeypatch.setattr(w4a16.ext, "available", lambda: False)
     assert w4a16.select(64, 128, 32) is w4a16.Reference
+    assert w4a16.select(64, 128, 32, scheme="w4a8") is w4a16.Reference
     monkeypatch.setenv(w4a16.FORCE_ENV, "tinygemm")
     with pytest.raises(RuntimeError, match="cannot run on this CPU"):
         w4a16.select(64, 128, 32)
@@ -149,7 +173,8 @@ def test_vllm_wna16_only_where_vllm_ships_it():
 
     if isa_level() in ("avx2", "baseline"):
         assert not w4a16.VllmWna16.available()
-        assert w4a16.select(256, 512, 128) is w4a16.TinyGemm
+        assert w4a16.select(256, 512, 128) is (
+            w4a16.EdgeAvx2 if isa_level() == "avx2" else w4a16.TinyGemm)
     else:
         assert w4a16.select(256, 512, 128) is w4a16.VllmWna16
 
@@ -182,3 +207,67 @@ def test_self_check_drops_a_wrong_kernel(monkeypatch):
     x = torch.randn(3, 128)
     torch.testing.assert_close(kernel.forward(x, packed, None), reference(x, q, s, z, 32),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_our_kernels_are_the_default_on_avx2():
+    from edge_infer.kernels.cpu import isa_level
+
+    if isa_level() != "avx2":
+        pytest.skip(f"this CPU is {isa_level()}, not AVX2 without AVX-512")
+    assert w4a16.select(2048, 2048, 128) is w4a16.EdgeAvx2
+    assert w4a16.select(2048, 2048, 128, scheme="w4a8") is w4a16.EdgeAvx2
+
+
+def test_tinygemm_and_vllm_refuse_w4a8(monkeypatch):
+    monkeypatch.setenv(w4a16.FORCE_ENV, "tinygemm")
+    with pytest.raises(RuntimeError, match="w4a8 layer"):
+        w4a16.select(64, 128, 32, scheme="w4a8")
+    with pytest.raises(ValueError, match="scheme 'w4a4' unknown"):
+        w4a16.select(64, 128, 32, scheme="w4a4")
+
+
+def test_activation_rounding_matches_the_int8_kernel():
+    """The torch reference of w4a8's activation rounding and the C++ one are bit-identical."""
+    if not w4a16.ext.available():
+        pytest.skip("C++ kernels could not be built here")
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 256, generator=gen) * torch.logspace(-3, 3, 256)
+    x[0, :32] = 0.0
+    xq, sx, xsum = w4a16.ext.load().quantize_act(x, 64)
+    assert xq.dtype == torch.int8 and int(xq.abs().max()) <= 127 and int(xq[0, :32].abs().sum()) == 0
+    back = (xq.float().view(3, 8, 32) * sx[..., None]).view(3, 256)
+    assert torch.equal(back, w4a16.quantize_activations(x))
+    torch.testing.assert_close(xsum, back.view(3, 4, 64).sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_layouts_put_each_code_where_the_kernels_read_it():
+    """blocks32: byte i of a 32-block = q[i] | q[16+i] << 4; lanes64: lane i, bits 4j = q[8j+i]."""
+    q = (torch.arange(128) % 16).to(torch.uint8).reshape(1, 128)
+    q = q[:, torch.randperm(128, generator=torch.Generator().manual_seed(0))]
+    b = w4a16.pack_blocks32(q)
+    assert int(b[0, 3]) == int(q[0, 3]) | int(q[0, 19]) << 4
+    assert int(b[0, 16 + 5]) == int(q[0, 32 + 5]) | int(q[0, 32 + 21]) << 4
+    lanes = w4a16.pack_lanes64(q).view(torch.int32)  # little-endian 32-bit lanes
+    for c, i, j in [(0, 0, 0), (0, 3, 5), (1, 7, 7), (1, 2, 1)]:
+        word = int(lanes[0, c * 8 + i]) & 0xFFFFFFFF
+        assert (word >> (4 * j)) & 0xF == int(q[0, 64 * c + 8 * j + i])
+
+
+@pytest.mark.parametrize("scheme", w4a16.SCHEMES)
+def test_forced_portable_path_equals_the_avx2_path(monkeypatch, scheme):
+    """Forcing the dispatch to the portable C++ gives the same numbers (up to summation order)
+    as the AVX2 path; an ISA the library does not know is refused, not run."""
+    if not (w4a16.EdgeAvx2.available() and w4a16.EdgePortable.available()):
+        pytest.skip("needs the AVX2 build of our kernels")
+    q, s, z = quantize_w4(torch.randn(40, 256), 64, True)
+    x = torch.randn(2, 256)
+    monkeypatch.setenv(w4a16.FORCE_ENV, "edge-portable")
+    portable = w4a16.select(40, 256, 64, scheme=scheme)
+    assert portable is w4a16.EdgePortable
+    a = portable.forward(x, portable.prepack(q, s, z, 64, torch.float32, scheme), None)
+    b = w4a16.EdgeAvx2.forward(x, w4a16.EdgeAvx2.prepack(q, s, z, 64, torch.float32, scheme), None)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+    packed = w4a16.EdgeAvx2.prepack(q, s, z, 64, torch.float32, scheme)
+    packed["isa"] = 7
+    with pytest.raises(RuntimeError, match="unknown instruction-set path"):
+        w4a16.EdgeAvx2.forward(x, packed, None)

@@ -21,6 +21,8 @@ CONFIGS = {
     # zero points, fp16 scales, and the tied LM head / embedding table in 4 bits too
     "g32-zp-head": W4Config(group_size=32, zero_point=True, scale_dtype="fp16",
                             quantize_lm_head=True),
+    # int8 activations: the same stored codes, another kernel path
+    "w4a8-g64": W4Config(scheme="w4a8", group_size=64),
 }
 FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 PROMPT = "The quick brown fox jumps over the lazy dog. Paris is the capital of"
@@ -108,10 +110,11 @@ def test_vllm_layers_equal_in_memory_quantization(llm, smollm2, cfg):
         s = torch.cat([memory[f"{p}.scales"] for p in parts])
         z = torch.cat([memory[f"{p}.qzeros"] for p in parts]) if cfg.zero_point else None
         g = cfg.group_size
-        kernel = w4a16.select(q.shape[0], q.shape[1], g)
+        kernel = w4a16.select(q.shape[0], q.shape[1], g, scheme=cfg.scheme)
         assert kernel.name == kernel_name
         x = torch.randn(2, q.shape[1], generator=torch.Generator().manual_seed(q.shape[1]))
-        ref = kernel.forward(x.to(torch.bfloat16), kernel.prepack(q, s, z, g, torch.bfloat16), None)
+        packed = kernel.prepack(q, s, z, g, torch.bfloat16, cfg.scheme)
+        ref = kernel.forward(x.to(torch.bfloat16), packed, None)
         assert torch.equal(y, ref), f"{name}: vLLM-loaded weights differ from in-memory ones"
 
 
@@ -131,6 +134,11 @@ def test_logits_match_torch_reference(llm, smollm2, cfg):
                 q = unpack_nibbles(memory[f"{prefix}.qweight"])
                 z = memory.get(f"{prefix}.qzeros")
                 param.copy_(dequantize_w4(q, memory[f"{prefix}.scales"], z, cfg.group_size))
+        if cfg.scheme == "w4a8":  # the same int8 rounding of every quantized layer's input
+            for name, mod in model.named_modules():
+                if isinstance(mod, torch.nn.Linear) and f"{name}.qweight" in memory:
+                    mod.register_forward_pre_hook(
+                        lambda _m, args: (w4a16.quantize_activations(args[0]),))
         ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
     params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0)
     (out,) = llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)
@@ -140,6 +148,9 @@ def test_logits_match_torch_reference(llm, smollm2, cfg):
         top = max(entry.items(), key=lambda kv: kv[1].logprob)[0]
         agree += int(top == int(ref[pos - 1].argmax()))
         diffs.append(abs(entry[ids[pos]].logprob - float(ref[pos - 1, ids[pos]])))
-    # bf16 activations in vLLM vs fp32 here: close, not bit-equal
-    assert agree / (len(ids) - 1) >= 0.9
-    assert sum(diffs) / len(diffs) < 0.15, diffs
+    # bf16 activations in vLLM vs fp32 here: close, not bit-equal. With int8 activations the
+    # bf16/fp32 difference also moves values across rounding boundaries, so w4a8 drifts more.
+    floor, ceiling = (0.8, 0.3) if cfg.scheme == "w4a8" else (0.9, 0.15)
+    print(f"{cfg.scheme}: top-1 {agree}/{len(ids) - 1}, mean |dlogprob| {sum(diffs) / len(diffs):.3f}")
+    assert agree / (len(ids) - 1) >= floor
+    assert sum(diffs) / len(diffs) < ceiling, diffs

@@ -1,9 +1,15 @@
-"""W4A16 linear kernels: int4 weights (our checkpoint codes), bf16/fp32 activations.
+"""4-bit linear kernels: int4 weights (our checkpoint codes) with bf16/fp32 activations
+(scheme w4a16) or dynamic int8 activations (scheme w4a8).
 
 Every kernel takes the same inputs, the codes of `quant.primitives` (q [N,K] uint8 0..15,
 scale [N,G], zero [N,G] or None), prepacks them once at load (`prepack`), then runs
-`forward(x, packed, bias)`. `reference` is plain torch dequantize-then-matmul, the oracle of
-the tests. Which kernel runs is decided once per layer by `select`, logged, and recorded.
+`forward(x, packed, bias)`. `Reference` is plain torch dequantize-then-matmul (after the
+same activation quantization for w4a8), the oracle of the tests. Which kernel runs is decided
+once per layer by `select`, logged, and recorded with every result.
+
+Our own kernels (`Edge*`, C++ in csrc/edge_w4.cpp) are the default where they build; vLLM's
+AMX/AVX-512 kernel and ATen's tinygemm remain selectable (EDGE_INFER_W4_KERNEL) and are the
+fallbacks.
 """
 
 from __future__ import annotations
@@ -15,18 +21,33 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from edge_infer.kernels.cpu import isa_level
+from edge_infer.kernels import ext
+from edge_infer.kernels.cpu import cpu_flags, isa_level
 from edge_infer.quant.primitives import dequantize_w4
 
 log = logging.getLogger(__name__)
 FORCE_ENV = "EDGE_INFER_W4_KERNEL"
+ACT_BLOCK = 32  # w4a8: one int8 scale per 32 activations along K
+SCHEMES = ("w4a16", "w4a8")
+
+
+def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+    """w4a8's activation rounding, in plain torch: x -> round(x / s) * s with s = absmax / 127
+    per block of 32 along the last dim (what the int8 kernels compute with)."""
+    shape = x.shape
+    xb = x.float().reshape(*shape[:-1], shape[-1] // ACT_BLOCK, ACT_BLOCK)
+    s = xb.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(s > 0, xb / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(xb))
+    return (q.round().clamp(-127, 127) * s).reshape(shape)
 
 
 class Reference:
-    """Dequantize to the activation dtype, then F.linear. Correct everywhere, slow."""
+    """Dequantize to the activation dtype, then F.linear (w4a8: after rounding the activations
+    as the int8 kernels do). Correct everywhere, slow."""
 
     name = "reference"
     self_check = False
+    schemes = SCHEMES
 
     @staticmethod
     def available() -> bool:
@@ -37,12 +58,102 @@ class Reference:
         return True
 
     @staticmethod
-    def prepack(q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
-        return {"w": dequantize_w4(q, scale, zero, group).to(dtype)}
+    def prepack(q, scale, zero, group: int, dtype: torch.dtype, scheme: str = "w4a16") -> dict[str, Any]:
+        return {"w": dequantize_w4(q, scale, zero, group).to(dtype), "scheme": scheme}
 
     @staticmethod
     def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
+        if p.get("scheme") == "w4a8":
+            x = quantize_activations(x).to(x.dtype)
         return F.linear(x, p["w"].to(x.dtype), bias)
+
+
+def pack_blocks32(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] -> uint8 [N, K/2]: per block of 32, byte i = q[i] | q[16 + i] << 4."""
+    n, k = q.shape
+    v = q.reshape(n, k // 32, 2, 16)
+    return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+
+
+def pack_lanes64(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] -> uint8 [N, K/2]: per block of 64, eight little-endian 32-bit lanes,
+    lane i holding q[8j + i] in bits 4j..4j+3."""
+    n, k = q.shape
+    c = q.reshape(n, k // 64, 8, 8)  # [n, block, j, i]
+    lanes = c[:, :, 0::2, :] | (c[:, :, 1::2, :] << 4)  # [n, block, byte t of the lane, i]
+    return lanes.transpose(2, 3).reshape(n, k // 2).contiguous()
+
+
+class _Edge:
+    """edge-infer's own kernels (csrc/edge_w4.cpp): fused dequantize + dot GEMV for decode
+    (W4A16: codes to fp32 in registers, FMA; W4A8: int8 activations, `vpmaddubsw` int32 dots),
+    and for prefill (more than GEMV_MAX_M rows) tiles dequantized to fp32 and torch's fp32
+    GEMM, which on AVX2 runs several times faster than bf16."""
+
+    isa = ""
+    self_check = False
+    schemes = SCHEMES
+    GEMV_MAX_M = 4
+    TILE = 512
+
+    @classmethod
+    def available(cls) -> bool:
+        return cls._cpu_ok() and ext.available()
+
+    @classmethod
+    def _cpu_ok(cls) -> bool:
+        return True
+
+    @staticmethod
+    def supports(n: int, k: int, group: int) -> bool:
+        # lanes64 (W4A16) needs K % 64; blocks32 needs K % 32, implied by group % 32
+        return k % 64 == 0 and group % 32 == 0 and k % group == 0
+
+    @classmethod
+    def prepack(cls, q, scale, zero, group: int, dtype: torch.dtype, scheme: str = "w4a16") -> dict[str, Any]:
+        n, k = q.shape
+        lanes = scheme == "w4a16"
+        return {
+            "q": pack_lanes64(q) if lanes else pack_blocks32(q),
+            "layout": 1 if lanes else 0,
+            "s": scale.float().contiguous(),
+            "z": zero.contiguous() if zero is not None else None,
+            "group": group, "n": n, "k": k, "scheme": scheme,
+            "isa": 1 if cls.isa == "avx2" else 0,
+        }
+
+    @classmethod
+    def forward(cls, x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        lib = ext.load()
+        if x2.shape[0] <= cls.GEMV_MAX_M:
+            gemv = lib.gemv_w4a16 if p["scheme"] == "w4a16" else lib.gemv_w4a8
+            y = gemv(x2, p["q"], p["s"], p["z"], p["group"], p["isa"])
+        else:
+            if p["scheme"] == "w4a8":
+                x2 = quantize_activations(x2)
+            y = lib.gemm_dq(x2, p["q"], p["s"], p["z"], p["group"], p["layout"], p["isa"], cls.TILE)
+            y = y.to(x.dtype)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*shape[:-1], p["n"])
+
+
+class EdgeAvx2(_Edge):
+    name = "edge-avx2"
+    isa = "avx2"
+
+    @classmethod
+    def _cpu_ok(cls) -> bool:
+        return {"avx2", "fma"} <= cpu_flags()
+
+
+class EdgePortable(_Edge):
+    """The same kernels in portable C++ (no intrinsics): the fallback on CPUs without AVX2."""
+
+    name = "edge-portable"
+    isa = "portable"
 
 
 class TinyGemm:
@@ -54,6 +165,7 @@ class TinyGemm:
 
     name = "tinygemm"
     self_check = False
+    schemes = ("w4a16",)
     INNER_K_TILES = 2
 
     @staticmethod
@@ -66,7 +178,7 @@ class TinyGemm:
         return n % 16 == 0 and k % group == 0
 
     @classmethod
-    def prepack(cls, q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
+    def prepack(cls, q, scale, zero, group: int, dtype: torch.dtype, scheme: str = "w4a16") -> dict[str, Any]:
         n, k = q.shape
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
             q.to(torch.int32).contiguous(), cls.INNER_K_TILES
@@ -115,6 +227,7 @@ class VllmWna16:
 
     name = "vllm-wna16"
     self_check = True
+    schemes = ("w4a16",)
 
     @staticmethod
     def available() -> bool:
@@ -125,7 +238,7 @@ class VllmWna16:
         return n % 32 == 0 and k % 32 == 0 and group % 2 == 0 and k % group == 0
 
     @staticmethod
-    def prepack(q, scale, zero, group: int, dtype: torch.dtype) -> dict[str, Any]:
+    def prepack(q, scale, zero, group: int, dtype: torch.dtype, scheme: str = "w4a16") -> dict[str, Any]:
         n, k = q.shape
         w = _pack8_last(q.t().contiguous())  # [K, N/8]
         w = w.view(k, n // 16, 2).permute(1, 0, 2).reshape(n // 16, k * 2).contiguous()
@@ -142,15 +255,22 @@ class VllmWna16:
         return out.reshape(*shape[:-1], p["n"])
 
 
-KERNELS = {k.name: k for k in (VllmWna16, TinyGemm, Reference)}
-# Preference order; the first available kernel wins unless EDGE_INFER_W4_KERNEL forces one.
-# vLLM's AMX/AVX-512 kernel first where that build of vLLM ships it (not on AVX2 hosts).
-PREFERENCE = ("vllm-wna16", "tinygemm", "reference")
+KERNELS = {k.name: k for k in (VllmWna16, EdgeAvx2, TinyGemm, EdgePortable, Reference)}
+# Preference order; the first available kernel that supports the layer and scheme wins unless
+# EDGE_INFER_W4_KERNEL forces one. vLLM's AMX/AVX-512 kernel first where that build of vLLM
+# ships it (not on AVX2 hosts), then ours.
+PREFERENCE = ("vllm-wna16", "edge-avx2", "tinygemm", "edge-portable", "reference")
 
 
-def select(n: int, k: int, group: int, forced: str | None = None) -> type:
+def _fits(kernel: type, n: int, k: int, group: int, scheme: str) -> bool:
+    return scheme in kernel.schemes and kernel.supports(n, k, group)
+
+
+def select(n: int, k: int, group: int, forced: str | None = None, scheme: str = "w4a16") -> type:
     """The kernel for one [n, k] layer: forced by EDGE_INFER_W4_KERNEL, else the first
-    available kernel in PREFERENCE that supports the shape."""
+    available kernel in PREFERENCE that supports the shape and scheme."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme {scheme!r} unknown; choose one of {SCHEMES}")
     forced = forced or os.environ.get(FORCE_ENV)
     if forced:
         if forced not in KERNELS:
@@ -158,36 +278,40 @@ def select(n: int, k: int, group: int, forced: str | None = None) -> type:
         kernel = KERNELS[forced]
         if not kernel.available():
             raise RuntimeError(f"kernel {forced!r} cannot run on this CPU/build (isa {isa_level()})")
-        if not kernel.supports(n, k, group):
-            raise RuntimeError(f"kernel {forced!r} does not support a [{n}, {k}] layer, group {group}")
+        if not _fits(kernel, n, k, group, scheme):
+            raise RuntimeError(f"kernel {forced!r} does not support a [{n}, {k}] {scheme} layer, "
+                               f"group {group}")
         return kernel
     for name in PREFERENCE:
         kernel = KERNELS[name]
-        if kernel.available() and kernel.supports(n, k, group):
+        if _fits(kernel, n, k, group, scheme) and kernel.available():
             return kernel
-    raise RuntimeError(f"no W4A16 kernel for a [{n}, {k}] layer, group {group}")
+    raise RuntimeError(f"no {scheme} kernel for a [{n}, {k}] layer, group {group}")
 
 
 def agrees_with_reference(kernel: type, packed: dict[str, Any], q, scale, zero, group: int,
-                          dtype: torch.dtype) -> bool:
+                          dtype: torch.dtype, scheme: str = "w4a16") -> bool:
     """One probe matmul against dequantize-then-matmul: catches a wrong layout at load."""
     x = torch.randn(2, q.shape[1], generator=torch.Generator().manual_seed(0)).to(dtype)
     got = kernel.forward(x, packed, None).float()
-    ref = x.float() @ dequantize_w4(q, scale, zero, group).T
+    xr = quantize_activations(x) if scheme == "w4a8" else x.float()
+    ref = xr @ dequantize_w4(q, scale, zero, group).T
     return bool((got - ref).abs().max() <= 2e-2 * ref.abs().max() + 1e-3)
 
 
-def prepack_checked(q, scale, zero, group: int, dtype: torch.dtype) -> tuple[type, dict[str, Any]]:
+def prepack_checked(q, scale, zero, group: int, dtype: torch.dtype,
+                    scheme: str = "w4a16") -> tuple[type, dict[str, Any]]:
     """Select and prepack for one layer; a kernel under self-check that disagrees with the
     reference is dropped for the next one (logged), never used to compute garbage."""
     n, k = q.shape
-    kernel = select(n, k, group)
-    packed = kernel.prepack(q, scale, zero, group, dtype)
-    if kernel.self_check and not agrees_with_reference(kernel, packed, q, scale, zero, group, dtype):
-        log.error("kernel %s disagrees with the reference on a [%d, %d] layer; using tinygemm "
-                  "or the reference instead", kernel.name, n, k)
+    kernel = select(n, k, group, scheme=scheme)
+    packed = kernel.prepack(q, scale, zero, group, dtype, scheme)
+    if kernel.self_check and not agrees_with_reference(kernel, packed, q, scale, zero, group,
+                                                       dtype, scheme):
+        log.error("kernel %s disagrees with the reference on a [%d, %d] layer; using the next "
+                  "kernel in %s instead", kernel.name, n, k, PREFERENCE)
         for name in PREFERENCE[PREFERENCE.index(kernel.name) + 1:]:
             fallback = KERNELS[name]
-            if fallback.available() and fallback.supports(n, k, group):
-                return fallback, fallback.prepack(q, scale, zero, group, dtype)
+            if _fits(fallback, n, k, group, scheme) and fallback.available():
+                return fallback, fallback.prepack(q, scale, zero, group, dtype, scheme)
     return kernel, packed

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 QUANT_METHOD = "edge_w4"
-SCHEMES = ("w4a16",)
+SCHEMES = ("w4a16", "w4a8")  # same stored codes; w4a8 also rounds activations to int8
 GROUPS = (32, 64, 128)
 
 

@@ -121,7 +121,7 @@ class EdgeW4LinearMethod(LinearMethodBase):
         q = unpack_nibbles(layer.qweight.data)
         zero = layer.qzeros.data if self.cfg.zero_point else None
         kernel, layer.w4_packed = w4a16.prepack_checked(
-            q, layer.scales.data, zero, self.cfg.group_size, layer.w4_params_dtype
+            q, layer.scales.data, zero, self.cfg.group_size, layer.w4_params_dtype, self.cfg.scheme
         )
         layer.w4_kernel = kernel
         # The packed form replaces the checkpoint tensors: keep one copy of the weights.
@@ -173,7 +173,7 @@ class EdgeW4EmbeddingMethod(EdgeW4LinearMethod):
         q = unpack_nibbles(layer.qweight.data)
         zero = layer.qzeros.data if self.cfg.zero_point else None
         layer.w4_kernel, layer.w4_packed = w4a16.prepack_checked(
-            q, layer.scales.data, zero, self.cfg.group_size, layer.w4_params_dtype
+            q, layer.scales.data, zero, self.cfg.group_size, layer.w4_params_dtype, self.cfg.scheme
         )
         log.info("edge_w4 lm_head: kernel %s", layer.w4_kernel.name)
 

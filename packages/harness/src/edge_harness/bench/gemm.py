@@ -1,4 +1,5 @@
-"""GEMM microbenchmark: each of our 4-bit kernels against bf16 / fp32 `F.linear`.
+"""GEMM microbenchmark: each 4-bit kernel (each scheme it runs: w4a16, w4a8) against bf16 /
+fp32 `F.linear`.
 
 Shapes are the linear layers our engine runs for a model, as vLLM fuses them: qkv_proj
 [(q+2kv) x head_dim, hidden], o_proj [hidden, q x head_dim], gate_up_proj [2 x ffn, hidden],
@@ -115,9 +116,12 @@ def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float =
             kern = w4a16.KERNELS[name]
             if hasattr(kern, "supports") and not kern.supports(n, k, group):
                 continue  # the engine's per-shape dispatch would not pick it either
-            impls.append((name, "w4a16", torch.bfloat16,
-                          kern.prepack(q, scale, zero, group, torch.bfloat16),
-                          lambda x, p, kern=kern: kern.forward(x, p, None)))
+            for scheme in kern.schemes:
+                if name == "reference" and scheme != "w4a16":
+                    continue  # the oracle, timed once
+                impls.append((name, scheme, torch.bfloat16,
+                              kern.prepack(q, scale, zero, group, torch.bfloat16, scheme),
+                              lambda x, p, kern=kern: kern.forward(x, p, None)))
         impls.append(("F.linear", "bf16", torch.bfloat16, w.to(torch.bfloat16), F.linear))
         impls.append(("F.linear", "fp32", torch.float32, w.float(), F.linear))
         for impl, quant, dtype, weights, fn in impls:
@@ -135,6 +139,20 @@ def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float =
                              "weight_bytes": nbytes, "copies": len(use), "seconds": secs})
             del copies
     return rows
+
+
+def region_cost(threads: int, reps: int = 20000, samples: int = 15) -> list[float]:
+    """Microseconds to enter and leave one empty parallel region (torch's at::parallel_for,
+    OpenMP here) at `threads` threads: what every kernel call pays at least once, so a decode
+    step of L layers x ~7 kernel calls pays it some 7L times (called in the child)."""
+    import torch
+
+    from edge_infer.kernels import ext
+
+    torch.set_num_threads(threads)
+    lib = ext.load()
+    lib.parallel_region_cost(reps // 10)  # warm the pool
+    return [lib.parallel_region_cost(reps) / reps * 1e6 for _ in range(samples)]
 
 
 # -- planning side: `edge-infer bench gemm` -------------------------------------------------
@@ -159,6 +177,18 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
                 })["result"]
             during = guard.judge(watch.reading, f"the GEMM microbenchmark of {model.name}")
         overridden = "overridden" in (status, during)
+        regions = []
+        for t in sorted({1, threads}):
+            with Worker(cores[:t], {"OMP_NUM_THREADS": str(t)}, label="parallel-region") as w:
+                regions.append((t, w.request("call", fn="edge_harness.bench.gemm:region_cost",
+                                             kwargs={"threads": t})["result"]))
+        for t, us in regions:
+            rec = record(engine="at::parallel_for", engine_version=_torch_version(), model="-",
+                         quant="-", test="parallel_region", samples=us, unit="us", threads=t,
+                         cores=cores[:t], guard="overridden" if overridden else "ok",
+                         guard_foreign_load=round(reading.foreign, 4), extra={})
+            emit(rec)
+            say(f"parallel region at {t} thread(s): {rec.median:.2f} us (median of {len(us)})")
         for row in rows:
             flops = 2 * row["m"] * row["n"] * row["k"]
             secs = row["seconds"]

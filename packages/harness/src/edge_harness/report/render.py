@@ -145,6 +145,14 @@ def render(results: Path, out: Path) -> str:
                                                      r.engine, r.quant))]
         parts.append("\n## GEMM microbenchmark\n\n" + md_table(
             ["model", "M", "layer", "N x K", "impl", "quant", "GFLOP/s", "GB/s", "guard"], rows))
+    regions = [r for r in shown if r.test == "parallel_region"]
+    if regions:
+        parts.append("\n## Cost of one parallel region\n\nAn empty `at::parallel_for` (OpenMP), "
+                     "entered and left; every 4-bit kernel call pays it at least once.\n\n"
+                     + md_table(["threads", "cores", "median us", "min us", "guard"],
+                                [[str(r.threads), ",".join(map(str, r.cores)), f"{r.median:.2f}",
+                                  f"{min(r.samples):.2f}", r.guard]
+                                 for r in sorted(regions, key=lambda r: r.threads)]))
     plots = plot(shown, out)
     if plots:
         parts.append("\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n" for p in plots))

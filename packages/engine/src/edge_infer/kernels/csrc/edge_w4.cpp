@@ -1,0 +1,534 @@
+// edge-infer's 4-bit CPU kernels: W4A16 and W4A8 GEMV, and a dequantize-to-fp32 tile for
+// prefill GEMM. One translation unit; each instruction-set path is a function compiled for
+// its target (GCC/Clang `target` attribute) and chosen at run time, so the same build runs
+// on any x86-64 and a CPU without AVX2 takes the portable path instead of crashing.
+//
+// Two packed layouts of a row of K codes, each K/2 bytes, chosen for its inner loop:
+// - blocks32 (W4A8): blocks of 32 codes in 16 bytes, byte i holding code k=32b+i in its low
+//   nibble and k=32b+16+i in its high nibble: one 16-byte load, masked and shifted, is 32
+//   consecutive unsigned bytes ready for `vpmaddubsw` against 32 int8 activations.
+// - lanes64 (W4A16): blocks of 64 codes in 32 bytes = eight 32-bit lanes; lane i holds code
+//   k=64c+8j+i in bits 4j..4j+3. Shifting the whole vector by one amount yields nibble j of all
+//   eight lanes, i.e. 8 consecutive k, with no byte shuffles. Each code becomes the float
+//   1 + q/16 by OR-ing it into the mantissa of 1.0 (no int->float conversion), so
+//   sum_k q x = 16 (sum_k (1 + q/16) x - sum_k x).
+// Scales are fp32 [N, K/group]; zero points uint8 [N, K/group] or absent (symmetric: 8).
+// Meaning of the codes: w = (q - z) * s, as in edge_infer.quant.primitives.
+//
+// Zero points never enter the inner loop: sum_k (q_k - z) s x_k = s (sum_k q_k x_k - z X_g)
+// with X_g the sum of the activations over the group, computed once per token.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 32;
+// How far ahead of the codes being read the W4A16 loop prefetches (rows are contiguous).
+constexpr int64_t kPrefetchBytes = 1024;
+
+enum Isa : int64_t { kPortable = 0, kAvx2 = 1 };
+enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1 };
+
+bool cpu_has(const std::string& feature) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (feature == "avx2") return __builtin_cpu_supports("avx2");
+  if (feature == "fma") return __builtin_cpu_supports("fma");
+  if (feature == "f16c") return __builtin_cpu_supports("f16c");
+  if (feature == "avx512f") return __builtin_cpu_supports("avx512f");
+  if (feature == "avx512bw") return __builtin_cpu_supports("avx512bw");
+  if (feature == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+#endif
+  return false;
+}
+
+void check_isa(int64_t isa) {
+  if (isa == kAvx2) {
+    TORCH_CHECK(cpu_has("avx2") && cpu_has("fma"),
+                "edge_w4: the AVX2 path was requested but this CPU lacks AVX2/FMA");
+  } else {
+    TORCH_CHECK(isa == kPortable, "edge_w4: unknown instruction-set path ", isa);
+  }
+}
+
+struct Weights {
+  const uint8_t* q;   // [N, K/2]
+  const float* s;     // [N, G]
+  const uint8_t* z;   // [N, G] or nullptr
+  int64_t n, k, group, groups;
+  int64_t layout;
+};
+
+Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
+                int64_t group, int64_t layout) {
+  TORCH_CHECK(layout == kBlocks32 || layout == kLanes64, "edge_w4: unknown layout ", layout);
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8 && q.is_contiguous(),
+              "edge_w4: packed codes must be contiguous uint8 [N, K/2]");
+  TORCH_CHECK(group % kBlock == 0 && group > 0, "edge_w4: group ", group, " is not a multiple of 32");
+  const int64_t n = q.size(0), k = q.size(1) * 2;
+  TORCH_CHECK(k % group == 0, "edge_w4: K=", k, " is not a multiple of the group ", group);
+  const int64_t groups = k / group;
+  TORCH_CHECK(layout != kLanes64 || k % 64 == 0, "edge_w4: the lanes64 layout needs K % 64 == 0, got ", k);
+  TORCH_CHECK(s.scalar_type() == torch::kFloat && s.is_contiguous() && s.size(0) == n &&
+                  s.size(1) == groups,
+              "edge_w4: scales must be contiguous fp32 [N, K/group]");
+  const uint8_t* zp = nullptr;
+  if (z.has_value() && z->defined()) {
+    TORCH_CHECK(z->scalar_type() == torch::kUInt8 && z->is_contiguous() && z->size(0) == n &&
+                    z->size(1) == groups,
+                "edge_w4: zero points must be contiguous uint8 [N, K/group]");
+    zp = z->data_ptr<uint8_t>();
+  }
+  return {q.data_ptr<uint8_t>(), s.data_ptr<float>(), zp, n, k, group, groups, layout};
+}
+
+inline float zero_of(const Weights& w, int64_t row, int64_t g) {
+  return w.z ? static_cast<float>(w.z[row * w.groups + g]) : 8.0f;
+}
+
+// ---------------------------------------------------------------- portable paths
+// Code k of a row in either layout (the portable paths and the tests' view of the layouts).
+inline int code_at(const Weights& w, const uint8_t* q, int64_t k) {
+  if (w.layout == kBlocks32) {
+    const int64_t b = k / kBlock, i = k % kBlock;
+    const uint8_t byte = q[b * 16 + (i & 15)];
+    return i < 16 ? (byte & 0xF) : (byte >> 4);
+  }
+  const int64_t c = k / 64, r = k % 64, j = r / 8, i = r % 8;
+  const uint8_t byte = q[c * 32 + i * 4 + j / 2];
+  return (j & 1) ? (byte >> 4) : (byte & 0xF);
+}
+
+float dot_w4a16_portable(const Weights& w, int64_t row, const float* x, const float* xsum) {
+  const uint8_t* q = w.q + row * (w.k / 2);
+  const float* s = w.s + row * w.groups;
+  float y = 0.f;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    float acc = 0.f;
+    for (int64_t k = g * w.group; k < (g + 1) * w.group; ++k) acc += static_cast<float>(code_at(w, q, k)) * x[k];
+    y += s[g] * (acc - zero_of(w, row, g) * xsum[g]);
+  }
+  return y;
+}
+
+float dot_w4a8_portable(const Weights& w, int64_t row, const int8_t* xq, const float* sx,
+                        const float* xsum) {
+  const uint8_t* q = w.q + row * (w.k / 2);
+  const float* s = w.s + row * w.groups;
+  const int64_t per_group = w.group / kBlock;
+  float y = 0.f;
+  for (int64_t g = 0; g < w.groups; ++g) {
+    float acc = 0.f;
+    for (int64_t bb = 0; bb < per_group; ++bb) {
+      const int64_t b = g * per_group + bb;
+      const uint8_t* p = q + b * 16;
+      const int8_t* xb = xq + b * kBlock;
+      int32_t d = 0;
+      for (int i = 0; i < 16; ++i) d += (p[i] & 0xF) * xb[i] + (p[i] >> 4) * xb[16 + i];
+      acc += static_cast<float>(d) * sx[b];
+    }
+    y += s[g] * (acc - zero_of(w, row, g) * xsum[g]);
+  }
+  return y;
+}
+
+void dequant_rows_portable(const Weights& w, int64_t r0, int64_t r1, float* out) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const uint8_t* q = w.q + row * (w.k / 2);
+    float* o = out + (row - r0) * w.k;
+    for (int64_t k = 0; k < w.k; ++k) {
+      const int64_t g = k / w.group;
+      o[k] = (static_cast<float>(code_at(w, q, k)) - zero_of(w, row, g)) * w.s[row * w.groups + g];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX2 + FMA paths
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Nibble j of every lane of a lanes64 block, as the float 1 + q/16 (see the header).
+template <int J>
+__attribute__((target("avx2,fma"))) inline __m256 lane_codes(__m256i v) {
+  constexpr int shift = 19 - 4 * J;  // move bits 4J..4J+3 to mantissa bits 19..22
+  const __m256i t = shift >= 0 ? _mm256_slli_epi32(v, shift >= 0 ? shift : 0)
+                               : _mm256_srli_epi32(v, shift < 0 ? -shift : 0);
+  const __m256i mant = _mm256_and_si256(t, _mm256_set1_epi32(0x00780000));
+  return _mm256_castsi256_ps(_mm256_or_si256(mant, _mm256_set1_epi32(0x3F800000)));
+}
+
+// sum over one 64-block of (1 + q/16) x, the codes j=0..3 (k 0..31) and 4..7 (k 32..63) apart.
+__attribute__((target("avx2,fma"))) inline void lanes64_block(const uint8_t* p, const float* xb, __m256& h0,
+                                                             __m256& h1, __m256& h2, __m256& h3) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  h0 = _mm256_fmadd_ps(lane_codes<0>(v), _mm256_loadu_ps(xb), h0);
+  h1 = _mm256_fmadd_ps(lane_codes<1>(v), _mm256_loadu_ps(xb + 8), h1);
+  h0 = _mm256_fmadd_ps(lane_codes<2>(v), _mm256_loadu_ps(xb + 16), h0);
+  h1 = _mm256_fmadd_ps(lane_codes<3>(v), _mm256_loadu_ps(xb + 24), h1);
+  h2 = _mm256_fmadd_ps(lane_codes<4>(v), _mm256_loadu_ps(xb + 32), h2);
+  h3 = _mm256_fmadd_ps(lane_codes<5>(v), _mm256_loadu_ps(xb + 40), h3);
+  h2 = _mm256_fmadd_ps(lane_codes<6>(v), _mm256_loadu_ps(xb + 48), h2);
+  h3 = _mm256_fmadd_ps(lane_codes<7>(v), _mm256_loadu_ps(xb + 56), h3);
+}
+
+// y = sum_g s_g (sum_k q x - z_g X_g) = sum_g 16 s_g S_g - s_g (16 + z_g) X_g, S_g = sum (1+q/16) x.
+__attribute__((target("avx2,fma"))) float dot_w4a16_avx2(const Weights& w, int64_t row, const float* x,
+                                                         const float* xsum) {
+  const uint8_t* q = w.q + row * (w.k / 2);
+  const float* s = w.s + row * w.groups;
+  __m256 acc = _mm256_setzero_ps();
+  float corr = 0.f;
+  if (w.group == 32) {  // two groups per 64-block
+    for (int64_t c = 0; c < w.k / 64; ++c) {
+      __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
+      __m256 h2 = _mm256_setzero_ps(), h3 = _mm256_setzero_ps();
+      lanes64_block(q + c * 32, x + c * 64, h0, h1, h2, h3);
+      acc = _mm256_fmadd_ps(_mm256_add_ps(h0, h1), _mm256_set1_ps(16.f * s[2 * c]), acc);
+      acc = _mm256_fmadd_ps(_mm256_add_ps(h2, h3), _mm256_set1_ps(16.f * s[2 * c + 1]), acc);
+    }
+  } else {
+    const int64_t per_group = w.group / 64;
+    for (int64_t g = 0; g < w.groups; ++g) {
+      __m256 h0 = _mm256_setzero_ps(), h1 = _mm256_setzero_ps();
+      __m256 h2 = _mm256_setzero_ps(), h3 = _mm256_setzero_ps();
+      for (int64_t cc = 0; cc < per_group; ++cc) {
+        const int64_t c = g * per_group + cc;
+        lanes64_block(q + c * 32, x + c * 64, h0, h1, h2, h3);
+      }
+      const __m256 sum = _mm256_add_ps(_mm256_add_ps(h0, h1), _mm256_add_ps(h2, h3));
+      acc = _mm256_fmadd_ps(sum, _mm256_set1_ps(16.f * s[g]), acc);
+    }
+  }
+  for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (16.f + zero_of(w, row, g)) * xsum[g];
+  return hsum(acc) - corr;
+}
+
+// 32 unsigned codes of a blocks32 block: the 16 bytes broadcast to both halves, the upper
+// half shifted right by 4, then masked: low nibbles (k 0..15) | high nibbles (k 16..31).
+__attribute__((target("avx2,fma"))) inline __m256i blocks32_codes(const uint8_t* p) {
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i t = _mm256_srlv_epi64(v, _mm256_set_epi64x(4, 4, 0, 0));
+  return _mm256_and_si256(t, _mm256_set1_epi8(0x0F));
+}
+
+// R rows at once against one token: the activation block and its scale are loaded once for
+// all rows, and each row keeps its own accumulator chain.
+template <int R>
+__attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t row, const int8_t* xq,
+                                                       const float* sx, const float* xsum, float* y,
+                                                       int64_t y_stride) {
+  const int64_t per_group = w.group / kBlock, row_bytes = w.k / 2;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  float corr[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    corr[r] = 0.f;
+  }
+  for (int64_t g = 0; g < w.groups; ++g) {
+    __m256 ag[R];
+    for (int r = 0; r < R; ++r) ag[r] = _mm256_setzero_ps();
+    for (int64_t bb = 0; bb < per_group; ++bb) {
+      const int64_t b = g * per_group + bb;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
+      const __m256 sxv = _mm256_set1_ps(sx[b]);
+      for (int r = 0; r < R; ++r) {
+        const __m256i codes = blocks32_codes(w.q + (row + r) * row_bytes + b * 16);
+        const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xv), ones);
+        ag[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sxv, ag[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const float sg = w.s[(row + r) * w.groups + g];
+      acc[r] = _mm256_fmadd_ps(ag[r], _mm256_set1_ps(sg), acc[r]);
+      corr[r] += sg * zero_of(w, row + r, g) * xsum[g];
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride] = hsum(acc[r]) - corr[r];
+}
+
+__attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int64_t r0, int64_t r1,
+                                                           float* out) {
+  for (int64_t row = r0; row < r1; ++row) {
+    const uint8_t* q = w.q + row * (w.k / 2);
+    float* o = out + (row - r0) * w.k;
+    if (w.layout == kLanes64) {
+      // w = (q - z) s = (1 + q/16) 16 s - (16 + z) s: one FMA per 8 weights.
+      for (int64_t c = 0; c < w.k / 64; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32));
+        const int64_t g0 = (c * 64) / w.group, g1 = (c * 64 + 32) / w.group;
+        const float s0 = w.s[row * w.groups + g0], s1 = w.s[row * w.groups + g1];
+        const __m256 m0 = _mm256_set1_ps(16.f * s0), b0 = _mm256_set1_ps(-(16.f + zero_of(w, row, g0)) * s0);
+        const __m256 m1 = _mm256_set1_ps(16.f * s1), b1 = _mm256_set1_ps(-(16.f + zero_of(w, row, g1)) * s1);
+        float* ob = o + c * 64;
+        _mm256_storeu_ps(ob, _mm256_fmadd_ps(lane_codes<0>(v), m0, b0));
+        _mm256_storeu_ps(ob + 8, _mm256_fmadd_ps(lane_codes<1>(v), m0, b0));
+        _mm256_storeu_ps(ob + 16, _mm256_fmadd_ps(lane_codes<2>(v), m0, b0));
+        _mm256_storeu_ps(ob + 24, _mm256_fmadd_ps(lane_codes<3>(v), m0, b0));
+        _mm256_storeu_ps(ob + 32, _mm256_fmadd_ps(lane_codes<4>(v), m1, b1));
+        _mm256_storeu_ps(ob + 40, _mm256_fmadd_ps(lane_codes<5>(v), m1, b1));
+        _mm256_storeu_ps(ob + 48, _mm256_fmadd_ps(lane_codes<6>(v), m1, b1));
+        _mm256_storeu_ps(ob + 56, _mm256_fmadd_ps(lane_codes<7>(v), m1, b1));
+      }
+    } else {
+      const int64_t per_group = w.group / kBlock;
+      for (int64_t g = 0; g < w.groups; ++g) {
+        const __m256 s = _mm256_set1_ps(w.s[row * w.groups + g]);
+        const __m256 z = _mm256_set1_ps(zero_of(w, row, g));
+        for (int64_t bb = 0; bb < per_group; ++bb) {
+          const int64_t b = g * per_group + bb;
+          const __m256i codes = blocks32_codes(q + b * 16);
+          float* ob = o + b * kBlock;
+          const __m128i lo = _mm256_castsi256_si128(codes), hi = _mm256_extracti128_si256(codes, 1);
+          const __m128i parts[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+          for (int j = 0; j < 4; ++j) {
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+            _mm256_storeu_ps(ob + 8 * j, _mm256_mul_ps(_mm256_sub_ps(f, z), s));
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
+torch::Tensor as_float(const torch::Tensor& x);
+
+// ---------------------------------------------------------------- activations
+// Dynamic int8 activations, one scale per block of 32 along K (llama.cpp's Q8_0 grain,
+// finer than one scale per token): xq = round(x / sx), sx = absmax / 127.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_act(const torch::Tensor& x_in,
+                                                                     int64_t group) {
+  const torch::Tensor x = as_float(x_in);
+  TORCH_CHECK(x.size(1) % kBlock == 0 && x.size(1) % group == 0, "edge_w4: activations must be [M, K], K % 32 == 0");
+  const int64_t m = x.size(0), k = x.size(1), blocks = k / kBlock;
+  auto xq = torch::empty({m, k}, torch::kChar);
+  auto sx = torch::empty({m, blocks}, torch::kFloat);
+  auto bsum = torch::empty({m, blocks}, torch::kFloat);  // sx_b * sum(xq in b)
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = xq.data_ptr<int8_t>();
+  float* sp = sx.data_ptr<float>();
+  float* bp = bsum.data_ptr<float>();
+  at::parallel_for(0, m * blocks, 256, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const float* xb = xp + b * kBlock;
+      float amax = 0.f;
+      for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax / 127.f;
+      int32_t total = 0;
+      for (int i = 0; i < kBlock; ++i) {
+        // a division, not a multiply by 127/amax: bit-identical to the torch reference
+        const int32_t v = scale > 0.f ? static_cast<int32_t>(std::nearbyint(xb[i] / scale)) : 0;
+        const int32_t c = std::min(127, std::max(-127, v));
+        qp[b * kBlock + i] = static_cast<int8_t>(c);
+        total += c;
+      }
+      sp[b] = scale;
+      bp[b] = scale * static_cast<float>(total);
+    }
+  });
+  const int64_t groups = k / group, per_group = group / kBlock;
+  auto xsum = torch::zeros({m, groups}, torch::kFloat);
+  float* xs = xsum.data_ptr<float>();
+  for (int64_t b = 0; b < m * blocks; ++b) xs[(b / blocks) * groups + (b % blocks) / per_group] += bp[b];
+  return {xq, sx, xsum};
+}
+
+int64_t grain_for(int64_t k) {
+  // rows per task: enough work (~64 KiB of codes) to amortize the scheduling
+  return std::max<int64_t>(1, (int64_t{1} << 17) / std::max<int64_t>(k, 1));
+}
+
+// ---------------------------------------------------------------- ops
+// Activations in, fp32 out of a plain loop: the per-call torch ops are what a decode step of
+// small layers pays most for, so the kernels keep them to a minimum.
+torch::Tensor as_float(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2, "edge_w4: activations must be 2-D [M, K]");
+  if (x.scalar_type() == torch::kFloat) return x.contiguous();
+  const torch::Tensor xc = x.contiguous();
+  auto out = torch::empty(xc.sizes(), torch::kFloat);
+  float* o = out.data_ptr<float>();
+  const int64_t count = xc.numel();
+  if (xc.scalar_type() == torch::kBFloat16) {
+    const auto* p = xc.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < count; ++i) o[i] = static_cast<float>(p[i]);
+  } else if (xc.scalar_type() == torch::kHalf) {
+    const auto* p = xc.data_ptr<c10::Half>();
+    for (int64_t i = 0; i < count; ++i) o[i] = static_cast<float>(p[i]);
+  } else {
+    TORCH_CHECK(false, "edge_w4: activations of dtype ", xc.scalar_type(), " are unsupported");
+  }
+  return out;
+}
+
+// y fp32 [M, N] -> the activations' dtype.
+torch::Tensor finish(const torch::Tensor& y, c10::ScalarType dtype) {
+  if (dtype == torch::kFloat) return y;
+  auto out = torch::empty(y.sizes(), dtype);
+  const float* p = y.data_ptr<float>();
+  const int64_t count = y.numel();
+  if (dtype == torch::kBFloat16) {
+    auto* o = out.data_ptr<c10::BFloat16>();
+    for (int64_t i = 0; i < count; ++i) o[i] = c10::BFloat16(p[i]);
+  } else {
+    auto* o = out.data_ptr<c10::Half>();
+    for (int64_t i = 0; i < count; ++i) o[i] = c10::Half(p[i]);
+  }
+  return out;
+}
+
+torch::Tensor gemv_w4a16(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
+                         const c10::optional<torch::Tensor>& z, int64_t group, int64_t isa) {
+  check_isa(isa);
+  const Weights w = weights(q, s, z, group, kLanes64);
+  const torch::Tensor x = as_float(x_in);
+  TORCH_CHECK(x.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected, got K=", x.size(1));
+  const int64_t m = x.size(0);
+  const float* xp = x.data_ptr<float>();
+  std::vector<float> xsum(m * w.groups, 0.f);  // per-token group sums of x
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t k = 0; k < w.k; ++k) xsum[t * w.groups + k / w.group] += xp[t * w.k + k];
+  auto y = torch::empty({m, w.n}, torch::kFloat);
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, w.n, grain_for(w.k), [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
+      for (int64_t t = 0; t < m; ++t) {
+        const float* xt = xp + t * w.k;
+        const float* st = xsum.data() + t * w.groups;
+#if defined(__x86_64__)
+        yp[t * w.n + row] = isa == kAvx2 ? dot_w4a16_avx2(w, row, xt, st) : dot_w4a16_portable(w, row, xt, st);
+#else
+        yp[t * w.n + row] = dot_w4a16_portable(w, row, xt, st);
+#endif
+      }
+    }
+  });
+  return finish(y, x_in.scalar_type());
+}
+
+torch::Tensor gemv_w4a8(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
+                        const c10::optional<torch::Tensor>& z, int64_t group, int64_t isa) {
+  check_isa(isa);
+  const Weights w = weights(q, s, z, group, kBlocks32);
+  const torch::Tensor x = as_float(x_in);
+  TORCH_CHECK(x.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected, got K=", x.size(1));
+  auto [xq, sx, xsum] = quantize_act(x, group);
+  const int64_t m = x.size(0), blocks = w.k / kBlock;
+  auto y = torch::empty({m, w.n}, torch::kFloat);
+  const int8_t* qp = xq.data_ptr<int8_t>();
+  const float* sp = sx.data_ptr<float>();
+  const float* xs = xsum.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  constexpr int64_t R = 4;
+  // tasks of R rows; the tail rows (N % R) go one at a time
+  const int64_t tasks = (w.n + R - 1) / R;
+  at::parallel_for(0, tasks, std::max<int64_t>(1, grain_for(w.k) / R), [&](int64_t a, int64_t b) {
+    for (int64_t task = a; task < b; ++task) {
+      const int64_t row = task * R;
+      const int64_t rows = std::min(R, w.n - row);
+      for (int64_t t = 0; t < m; ++t) {
+        const int8_t* xt = qp + t * w.k;
+        const float* st = sp + t * blocks;
+        const float* gt = xs + t * w.groups;
+        float* yt = yp + t * w.n + row;
+#if defined(__x86_64__)
+        if (isa == kAvx2) {
+          if (rows == R) {
+            dot_w4a8_avx2<R>(w, row, xt, st, gt, yt, 1);
+          } else {
+            for (int64_t r = 0; r < rows; ++r) dot_w4a8_avx2<1>(w, row + r, xt, st, gt, yt + r, 1);
+          }
+          continue;
+        }
+#endif
+        for (int64_t r = 0; r < rows; ++r) yt[r] = dot_w4a8_portable(w, row + r, xt, st, gt);
+      }
+    }
+  });
+  return finish(y, x_in.scalar_type());
+}
+
+// Rows [r0, r1) dequantized to fp32 into out [r1 - r0, K].
+void dequant_into(const Weights& w, int64_t r0, int64_t r1, float* out, int64_t isa) {
+  at::parallel_for(r0, r1, std::max<int64_t>(1, grain_for(w.k) / 4), [&](int64_t a, int64_t b) {
+#if defined(__x86_64__)
+    if (isa == kAvx2) return dequant_rows_avx2(w, a, b, out + (a - r0) * w.k);
+#endif
+    dequant_rows_portable(w, a, b, out + (a - r0) * w.k);
+  });
+}
+
+torch::Tensor dequantize(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
+                         int64_t group, int64_t layout, int64_t isa) {
+  check_isa(isa);
+  const Weights w = weights(q, s, z, group, layout);
+  auto out = torch::empty({w.n, w.k}, torch::kFloat);
+  dequant_into(w, 0, w.n, out.data_ptr<float>(), isa);
+  return out;
+}
+
+// Prefill: fp32 x [M, K] against the codes, a tile of `tile` rows at a time dequantized to
+// fp32 and multiplied by torch's fp32 GEMM. The tile bounds the scratch memory (an LM head of
+// 151936 rows would otherwise need its whole fp32 copy).
+torch::Tensor gemm_dq(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
+                      const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa,
+                      int64_t tile) {
+  check_isa(isa);
+  const Weights w = weights(q, s, z, group, layout);
+  const torch::Tensor x = as_float(x_in);
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
+  TORCH_CHECK(tile > 0, "edge_w4: tile must be positive");
+  const int64_t nt = std::min(tile, w.n);
+  auto buf = torch::empty({nt, w.k}, torch::kFloat);
+  auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
+  for (int64_t r0 = 0; r0 < w.n; r0 += nt) {
+    const int64_t r1 = std::min(w.n, r0 + nt);
+    dequant_into(w, r0, r1, buf.data_ptr<float>(), isa);
+    if (r1 - r0 == w.n) {
+      at::mm_out(y, x, buf.t());
+    } else {
+      y.narrow(1, r0, r1 - r0).copy_(at::mm(x, buf.narrow(0, 0, r1 - r0).t()));
+    }
+  }
+  return finish(y, x_in.scalar_type());
+}
+
+// The cost of entering one parallel region (what every kernel call pays once), for the
+// threading analysis: `reps` empty regions over `threads` threads, total seconds.
+double parallel_region_cost(int64_t reps) {
+  std::atomic<int64_t> sink{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < reps; ++r) {
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t a, int64_t b) { sink += b - a; });
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("cpu_has", &cpu_has, "whether the CPU has an instruction-set feature (x86 names)");
+  m.def("gemv_w4a16", &gemv_w4a16, "[M,K] activations x lanes64 codes -> [M,N] (decode)");
+  m.def("gemv_w4a8", &gemv_w4a8, "int8-quantized [M,K] x blocks32 codes -> [M,N] (decode)");
+  m.def("gemm_dq", &gemm_dq, "prefill: dequantize tiles to fp32, torch fp32 GEMM");
+  m.def("dequantize", &dequantize, "codes -> fp32 [N,K]");
+  m.def("quantize_act", &quantize_act, "fp32 [M,K] -> int8 codes, block scales, group sums");
+  m.def("parallel_region_cost", &parallel_region_cost, "seconds for `reps` empty parallel regions");
+}

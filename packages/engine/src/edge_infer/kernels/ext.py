@@ -1,0 +1,68 @@
+"""Build (once, cached) and load edge-infer's C++ kernels (`csrc/edge_w4.cpp`).
+
+Compiled from source on first use through `torch.utils.cpp_extension` (no prebuilt
+binaries): the build lands under `<edge-infer home>/kernels/<torch version>-<source hash>`,
+so a new source or torch version rebuilds and an unchanged one loads in milliseconds.
+Instruction sets are chosen at run time inside the library (`target` attributes), so one
+build serves every x86-64 CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from edge_infer.home import home
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("csrc") / "edge_w4.cpp"
+
+
+def build_dir() -> Path:
+    import torch
+
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return home() / "kernels" / f"torch{torch.__version__}-{digest}"
+
+
+@functools.cache
+def load():
+    """The compiled module; builds it if this source/torch pair has not been built yet."""
+    import torch.utils.cpp_extension as ce
+
+    if not SOURCE.is_file():
+        raise FileNotFoundError(f"kernel source missing: {SOURCE} (broken install?)")
+    where = build_dir()
+    where.mkdir(parents=True, exist_ok=True)
+    fresh = not any(where.glob("*.so"))
+    if fresh:
+        print(f"edge-infer: compiling the 4-bit CPU kernels (once, ~1 min) into {where}",
+              file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    flags = ["-O3", "-fopenmp", "-DNDEBUG"]
+    module = ce.load(
+        name="edge_infer_w4",
+        sources=[str(SOURCE)],
+        extra_cflags=flags,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(where),
+        verbose=bool(os.environ.get("EDGE_INFER_KERNEL_VERBOSE")),
+    )
+    if fresh:
+        log.info("edge-infer kernels built in %.0f s", time.perf_counter() - t0)
+    return module
+
+
+def available() -> bool:
+    """Whether the kernels can be built/loaded here (a compiler is needed on first use)."""
+    try:
+        load()
+    except Exception as exc:  # noqa: BLE001 - any build failure means: fall back, loudly
+        log.warning("edge-infer C++ kernels unavailable (%s: %s); falling back", type(exc).__name__, exc)
+        return False
+    return True

@@ -1,0 +1,43 @@
+"""The GEMM microbenchmark's measuring side on a tiny config (speed itself is not asserted)."""
+
+import json
+
+import pytest
+
+from edge_harness.bench import gemm
+from edge_infer.kernels import w4a16
+
+TINY = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+        "intermediate_size": 192}
+
+
+def test_linear_shapes_follow_vllm_fusion():
+    shapes = gemm.linear_shapes(TINY)
+    assert shapes == {"qkv_proj": (256, 128), "o_proj": (128, 128), "gate_up_proj": (384, 128),
+                      "down_proj": (128, 192)}
+
+
+def test_measure_times_every_scheme_of_every_kernel(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    monkeypatch.setattr(gemm, "COLD_BYTES", 1 << 20)
+    names = [k for k in ("edge-avx2", "edge-portable", "tinygemm") if w4a16.KERNELS[k].available()]
+    if not names:
+        pytest.skip("no 4-bit kernel builds here")
+    rows = gemm.measure("tiny", str(tmp_path), 64, threads=1, min_time=0.0, ms=[1, 3],
+                        kernels=names)
+    seen = {(r["impl"], r["quant"]) for r in rows}
+    for name in names:
+        for scheme in w4a16.KERNELS[name].schemes:
+            assert (name, scheme) in seen
+    assert {("F.linear", "bf16"), ("F.linear", "fp32")} <= seen
+    for r in rows:
+        assert r["m"] in (1, 3) and all(s > 0 for s in r["seconds"]) and r["weight_bytes"] > 0
+        # a decode-sized call streams copies of the weights, not one cached copy
+        assert r["copies"] > 1 if r["m"] < 16 else r["copies"] == 1
+
+
+def test_region_cost_is_measured_per_thread_count():
+    if not w4a16.ext.available():
+        pytest.skip("C++ kernels could not be built here")
+    us = gemm.region_cost(1, reps=200, samples=3)
+    assert len(us) == 3 and all(0 <= u < 1e4 for u in us)
