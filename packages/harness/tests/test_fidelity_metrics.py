@@ -13,7 +13,7 @@ from edge_harness.fidelity.metrics import (
     percentile,
 )
 from edge_harness.fidelity.perplexity_tool import parse
-from edge_harness.fidelity.run import first_divergence
+from edge_infer.prompts import first_divergence
 
 
 def lp(probs):

@@ -15,6 +15,7 @@ def test_linear_shapes_follow_vllm_fusion():
     shapes = gemm.linear_shapes(TINY)
     assert shapes == {"qkv_proj": (256, 128), "o_proj": (128, 128), "gate_up_proj": (384, 128),
                       "down_proj": (128, 192)}
+    assert gemm.linear_shapes(TINY | {"vocab_size": 1000})["lm_head"] == (1000, 128)
 
 
 def test_measure_times_every_scheme_of_every_kernel(tmp_path, monkeypatch):

@@ -18,3 +18,12 @@ GREEDY_PROMPTS = (
     "How do I reverse a list in Python?",
     "What is the boiling point of water at sea level in Celsius?",
 )
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two greedy outputs differ; None when they are equal.
+    One output ending earlier than the other is a divergence at its length."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

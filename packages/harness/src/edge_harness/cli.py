@@ -118,6 +118,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _guard_flags(g)
     g.set_defaults(func=cmd_gemm)
 
+    pf = bsub.add_parser("profile", help="per-op split of our engine's decode step (torch profiler)")
+    pf.add_argument("-m", "--model", default="qwen3-0.6b-random")
+    pf.add_argument("-e", "--engine", default="ours:w4a16-head", help="ours:QUANT")
+    pf.add_argument("-n", "--n-gen", type=int, default=32, help="decode steps profiled (32)")
+    pf.add_argument("-t", "--threads", type=int, default=None)
+    pf.add_argument("--cores", type=_ints, default=None)
+    pf.add_argument("--results", type=Path, default=DEFAULT_RESULTS.with_name("profile.jsonl"))
+    pf.add_argument("--no-results", action="store_true")
+    pf.add_argument("--lock-wait", type=float, default=0.0)
+    pf.set_defaults(func=cmd_profile)
+
     rp = bsub.add_parser("report", help="markdown tables + PNG plots from the results JSONL")
     rp.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     rp.add_argument("--out", type=Path, default=None,
@@ -224,9 +235,21 @@ def _print_gemm(records, fmt: str) -> None:
 
     rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
              r.engine, r.quant, f"{r.median:.1f}", gemm_gbs(r), r.guard]
-            for r in records]
+            for r in records if r.test.startswith("gemm_")]
     sys.stdout.write(md_table(["model", "M", "layer", "N x K", "impl", "quant", "GFLOP/s",
                                "GB/s", "guard"], rows))
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from edge_harness.bench import profile
+    from edge_harness.bench.run import command_line, say
+
+    engine, _, quant = args.engine.partition(":")
+    profile.run(args.model, engine, quant, args.n_gen, args.cores, args.threads,
+                None if args.no_results else args.results, command_line(), args.lock_wait, say=say)
+    if not args.no_results:
+        sys.stdout.write(profile.render(args.results))
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -236,6 +259,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"no results at {args.results}; run `edge-infer bench run` first")
     out = args.out or args.results.parent
     table = render(args.results, out)
+    prof = args.results.with_name("profile.jsonl")
+    if prof.is_file():
+        from edge_harness.bench.profile import render as render_profile
+
+        (out / "profile.md").write_text(render_profile(prof))
     print(f"wrote {out / 'report.md'} and plots", file=sys.stderr)
     sys.stdout.write("\nOurs / llama.cpp (median tok/s; ratio > 1: ours faster):\n\n" + table)
     return 0

@@ -122,8 +122,20 @@ class _Edge:
             "isa": 1 if cls.isa == "avx2" else 0,
         }
 
+    # Our kernels are pybind calls, invisible to torch's profiler; `edge-infer bench profile`
+    # turns this on so each call shows up as a named range (off: no cost on the hot path).
+    profile_ranges = False
+
     @classmethod
     def forward(cls, x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
+        if _Edge.profile_ranges:
+            kind = "gemv" if x.reshape(-1, x.shape[-1]).shape[0] <= cls.GEMV_MAX_M else "gemm"
+            with torch.profiler.record_function(f"edge_w4::{kind}_{p['scheme']}"):
+                return cls._forward(x, p, bias)
+        return cls._forward(x, p, bias)
+
+    @classmethod
+    def _forward(cls, x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         lib = ext.load()

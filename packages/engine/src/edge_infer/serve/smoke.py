@@ -25,7 +25,7 @@ from pathlib import Path
 from edge_infer import profiles
 from edge_infer.models.pull import pull
 from edge_infer.models.registry import DEFAULT_MODEL
-from edge_infer.prompts import GREEDY_PROMPTS
+from edge_infer.prompts import GREEDY_PROMPTS, first_divergence
 from edge_infer.results import append, context
 from edge_infer.serve.resolve import Resolved, default_build
 from edge_infer.serve.runtime import vllm_env
@@ -48,10 +48,6 @@ def greedy_outputs(r: Resolved, max_tokens: int) -> tuple[list[list[int]], list[
 
 def _kernels(model) -> set[str]:
     return {m.w4_kernel.name for m in model.modules() if hasattr(m, "w4_kernel")}
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
 def run_greedy(out: Path, max_tokens: int) -> dict:

@@ -31,12 +31,15 @@ def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
     nkv = config.get("num_key_value_heads", nq)
     d = config.get("head_dim") or h // nq
     f = config["intermediate_size"]
-    return {
+    shapes = {
         "qkv_proj": ((nq + 2 * nkv) * d, h),
         "o_proj": (h, nq * d),
         "gate_up_proj": (2 * f, h),
         "down_proj": (h, f),
     }
+    if config.get("vocab_size"):  # the LM head: one per decode step, often the largest
+        shapes["lm_head"] = (config["vocab_size"], h)
+    return shapes
 
 
 def _time(fn, copies: list, x, min_time: float, min_samples: int = 5,
@@ -128,6 +131,8 @@ def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float =
             nbytes = _nbytes(weights)
             copies = _copies(weights, nbytes)
             for m in sorted(ms or MS):
+                if layer == "lm_head" and m >= 16:
+                    continue  # vLLM computes logits for the last position of a prefill only
                 x = torch.randn(m, k, generator=gen).to(dtype)
                 # Prefill-sized M reuses each weight M times from cache: compute-bound, so
                 # one (already warmed) copy is both fair and far quicker to time.

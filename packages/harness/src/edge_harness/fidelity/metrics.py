@@ -78,6 +78,14 @@ class KLAccumulator:
         self.nll_base.append(nb.numpy())
         self.nll_test.append(nt.numpy())
 
+    def extend(self, values: dict) -> None:
+        """Pool per-position values computed elsewhere (a worker's `compare` answer: lists
+        under kl, same, nll_base, nll_test)."""
+        self.kl.append(np.asarray(values["kl"], dtype=np.float64))
+        self.same.append(np.asarray(values["same"], dtype=bool))
+        self.nll_base.append(np.asarray(values["nll_base"], dtype=np.float64))
+        self.nll_test.append(np.asarray(values["nll_test"], dtype=np.float64))
+
     @property
     def count(self) -> int:
         return sum(len(k) for k in self.kl)

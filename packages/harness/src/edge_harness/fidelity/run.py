@@ -18,11 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 
 from edge_harness.bench.run import EngineSpec, resolve_model
 from edge_harness.fidelity.chunks import Chunks, make_chunks
 from edge_harness.fidelity.metrics import KLAccumulator
+from edge_infer.prompts import first_divergence
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.topology import choose_cores
 from edge_harness.runners import get_runner
@@ -80,13 +80,6 @@ def chat_prompts(model: ModelRef, count: int) -> list[list[int]]:
     return out
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 class FidelityRun:
     def __init__(self, plan: FidelityPlan):
         self.plan = plan
@@ -105,12 +98,13 @@ class FidelityRun:
                 self.model(resolve_model(name))
         return self.records
 
-    def _worker(self, build: Build, label: str, n_ctx: int) -> Worker:
+    def _worker(self, build: Build, label: str, n_ctx: int) -> tuple[Worker, dict]:
+        """A pinned child with `build` loaded, and the facts it reports about the build."""
         runner = get_runner(build.engine)
         w = Worker(self.cores, runner.child_env(self.cores, len(self.cores), {}), label=label)
-        self.facts = w.request("load", engine=build.engine, build=build.to_dict(),
-                               threads=len(self.cores), n_ctx=n_ctx)["facts"]
-        return w
+        facts = w.request("load", engine=build.engine, build=build.to_dict(),
+                          threads=len(self.cores), n_ctx=n_ctx)["facts"]
+        return w, facts
 
     def model(self, model: ModelRef) -> None:
         p = self.plan
@@ -125,7 +119,7 @@ class FidelityRun:
             base = lc_f16 if engine == "llama.cpp" else get_runner(engine).prepare(model, BASE[engine])
             folder = _cache() / model.name / f"{engine}-{base.quant}-{ids_digest}"
             say(f"fidelity {model.name}: base {engine}:{base.quant}")
-            w = self._worker(base, f"{model.name}-{engine}-{base.quant}", n_ctx)
+            w, _ = self._worker(base, f"{model.name}-{engine}-{base.quant}", n_ctx)
             try:
                 for c, ch in chunks.items():
                     w.request("fidelity", task="base", folder=str(folder), corpus=c,
@@ -143,7 +137,7 @@ class FidelityRun:
               prompts, base_greedy, n_ctx) -> None:
         p = self.plan
         t0 = time.monotonic()
-        w = self._worker(build, f"{model.name}-{build.engine}-{build.quant}", n_ctx)
+        w, facts = self._worker(build, f"{model.name}-{build.engine}-{build.quant}", n_ctx)
         try:
             per_corpus = {}
             total = KLAccumulator()
@@ -151,11 +145,8 @@ class FidelityRun:
                 r = w.request("fidelity", task="compare", folder=str(folder), corpus=c,
                               chunks=ch.ids, first=ch.first)["result"]
                 acc = KLAccumulator()
-                for a in (acc, total):
-                    a.kl.append(np.array(r["kl"]))
-                    a.same.append(np.array(r["same"], dtype=bool))
-                    a.nll_base.append(np.array(r["nll_base"]))
-                    a.nll_test.append(np.array(r["nll_test"]))
+                acc.extend(r)
+                total.extend(r)
                 per_corpus[c] = {**acc.summary(), "chunks": len(ch.ids),
                                  "corpus_tokens": ch.total_tokens}
             greedy = (w.request("fidelity", task="greedy", prompts=prompts, n=p.n_gen)["result"]
@@ -170,7 +161,7 @@ class FidelityRun:
             "model": model.name,
             "source_grid": source_grid(model.name),
             "engine": build.engine,
-            "engine_version": self.facts.get("version"),
+            "engine_version": facts.get("version"),
             "quant": build.quant,
             "base": f"{base.engine}:{base.quant}",
             "bits_per_weight": round(build.bits_per_weight, 4),
@@ -179,15 +170,15 @@ class FidelityRun:
             "n_ctx": p.n_ctx,
             "scored_from": p.n_ctx // 2,
             "corpora": per_corpus,
-            **{k: v for k, v in total.summary().items()},
+            **total.summary(),
             "greedy_prompts": len(prompts),
             "greedy_tokens": p.n_gen,
             "greedy_exact": sum(d is None for d in divergences),
             "greedy_first_divergence": divergences,
             "seconds": round(time.monotonic() - t0, 1),
         }
-        if "w4_kernels" in self.facts:
-            rec["w4_kernels"] = self.facts["w4_kernels"]
+        if "w4_kernels" in facts:
+            rec["w4_kernels"] = facts["w4_kernels"]
         self.records.append(rec)
         if p.results is not None:
             append(p.results, rec)

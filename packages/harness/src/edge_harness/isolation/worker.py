@@ -58,6 +58,10 @@ def main() -> int:
             elif cmd in ("pp", "tg"):
                 seconds = getattr(runner, cmd)(req["n"], req["seed"])
                 reply = {"seconds": seconds, "wall": getattr(runner, "last_wall", None)}
+            elif cmd == "profile":  # per-op split of decode steps on the loaded build
+                if not hasattr(runner, "profile"):
+                    raise ValueError(f"engine {req.get('engine', '?')} has no op profiler")
+                reply = {"result": runner.profile(req["n"], req["seed"])}
             elif cmd == "fidelity":  # logits / greedy work on the loaded build
                 from edge_harness.fidelity import score
                 reply = {"result": score.in_child(runner, **req)}

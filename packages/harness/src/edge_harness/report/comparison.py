@@ -81,10 +81,10 @@ def speed_section(results: Path) -> str:
 
 
 def fidelity_section(results: Path) -> str:
-    recs = {}
-    for r in _read_jsonl(results / "fidelity.jsonl"):
-        if r.get("kind") == "fidelity":
-            recs[(r["model"], r["engine"], r["quant"])] = r
+    from edge_harness.fidelity.render import latest
+
+    path = results / "fidelity.jsonl"
+    recs = {(r["model"], r["engine"], r["quant"]): r for r in latest(path)} if path.is_file() else {}
     if not recs:
         return "## Fidelity\n\n(no fidelity.jsonl: run `nox -s fidelity`)\n"
     rows = []

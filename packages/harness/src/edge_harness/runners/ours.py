@@ -146,6 +146,32 @@ class OursRunner:
         m = self._run(random_ids(1, self.token_range, seed), max_tokens=n + 1)
         return m.last_token_ts - m.first_token_ts
 
+    def profile(self, n: int, seed: int, top: int = 25) -> dict[str, Any]:
+        """Where one decode step's time goes: torch's profiler around a tg(n) run. Time per
+        op is self CPU time on the engine thread (an op's parallel work is inside it); what no
+        op accounts for is Python / vLLM bookkeeping between ops. Our kernels appear as
+        edge_w4::* ranges. The profiler itself adds a little per op: shares, not speeds."""
+        from torch.profiler import ProfilerActivity, profile
+
+        from edge_infer.kernels import w4a16
+
+        self.tg(min(n, 8), seed)  # warm
+        w4a16._Edge.profile_ranges = True
+        try:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                t0 = time.perf_counter()
+                steps_s = self.tg(n, seed)
+                wall = time.perf_counter() - t0
+        finally:
+            w4a16._Edge.profile_ranges = False
+        ops = []
+        for e in prof.key_averages():
+            ops.append({"op": e.key, "calls": int(e.count), "self_us": float(e.self_cpu_time_total)})
+        ops.sort(key=lambda o: -o["self_us"])
+        in_ops = sum(o["self_us"] for o in ops) / 1e6
+        return {"tokens": n, "decode_s": steps_s, "wall_s": wall, "in_ops_s": in_ops,
+                "ops": ops[:top], "ops_total": len(ops)}
+
     # -- fidelity (edge_harness.fidelity) ----------------------------------------------
     def logprobs(self, ids: list[int], first: int):
         """log-softmax rows [len(ids) - 1 - first, vocab]: row r is the distribution of token

@@ -33,8 +33,9 @@
 namespace {
 
 constexpr int64_t kBlock = 32;
-// How far ahead of the codes being read the W4A16 loop prefetches (rows are contiguous).
-constexpr int64_t kPrefetchBytes = 1024;
+// How far ahead of the codes being read the GEMV loops prefetch (rows are contiguous), in
+// bytes; 0 turns software prefetch off. Settable for the microbenchmark (set_prefetch).
+int64_t g_prefetch = 4096;
 
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1 };
 enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1 };
@@ -175,7 +176,7 @@ __attribute__((target("avx2,fma"))) inline __m256 lane_codes(__m256i v) {
 // sum over one 64-block of (1 + q/16) x, the codes j=0..3 (k 0..31) and 4..7 (k 32..63) apart.
 __attribute__((target("avx2,fma"))) inline void lanes64_block(const uint8_t* p, const float* xb, __m256& h0,
                                                              __m256& h1, __m256& h2, __m256& h3) {
-  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+  if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T0);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   h0 = _mm256_fmadd_ps(lane_codes<0>(v), _mm256_loadu_ps(xb), h0);
   h1 = _mm256_fmadd_ps(lane_codes<1>(v), _mm256_loadu_ps(xb + 8), h1);
@@ -249,7 +250,9 @@ __attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kBlock));
       const __m256 sxv = _mm256_set1_ps(sx[b]);
       for (int r = 0; r < R; ++r) {
-        const __m256i codes = blocks32_codes(w.q + (row + r) * row_bytes + b * 16);
+        const uint8_t* p = w.q + (row + r) * row_bytes + b * 16;
+        if (g_prefetch && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T0);
+        const __m256i codes = blocks32_codes(p);
         const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(codes, xv), ones);
         ag[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sxv, ag[r]);
       }
@@ -521,6 +524,11 @@ double parallel_region_cost(int64_t reps) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
+void set_prefetch(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0 && bytes <= (int64_t{1} << 20), "edge_w4: prefetch distance out of range");
+  g_prefetch = bytes;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -530,5 +538,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_dq", &gemm_dq, "prefill: dequantize tiles to fp32, torch fp32 GEMM");
   m.def("dequantize", &dequantize, "codes -> fp32 [N,K]");
   m.def("quantize_act", &quantize_act, "fp32 [M,K] -> int8 codes, block scales, group sums");
+  m.def("set_prefetch", &set_prefetch, "software prefetch distance of the GEMV loops, bytes (0: off)");
   m.def("parallel_region_cost", &parallel_region_cost, "seconds for `reps` empty parallel regions");
 }

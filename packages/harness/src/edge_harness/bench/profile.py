@@ -1,0 +1,99 @@
+"""`edge-infer bench profile`: where one decode step of our engine spends its time.
+
+One build of one model is loaded in a pinned child (as `bench run` loads it); tg(n) runs under
+torch's profiler (see OursRunner.profile). The record keeps the decode time per step, the part
+inside torch ops and our kernels (self CPU time on the engine thread), and the largest ops; the
+remainder is Python and vLLM bookkeeping between ops. Records go to profile.jsonl beside the
+bench results; `render` makes the markdown table that docs/analysis quotes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from edge_harness.isolation.child import Worker, bench_lock
+from edge_harness.isolation.topology import choose_cores
+from edge_harness.runners import get_runner
+from edge_infer.errors import UsageError
+from edge_infer.results import append, context
+
+
+def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, results: Path | None,
+        command: str, lock_wait: float, say=print) -> dict:
+    from edge_harness.bench.run import resolve_model
+
+    if engine != "ours":
+        raise UsageError("bench profile: only our engine has an op profiler (llama.cpp's graph "
+                         "runs in C; its step time is in bench run's tg)")
+    runner = get_runner(engine)
+    if not runner.accepts(quant):
+        raise UsageError(f"our engine has no quant {quant!r}")
+    model = resolve_model(model_name)
+    cores = choose_cores(cores_arg, threads)
+    build = runner.prepare(model, quant)
+    with bench_lock(lock_wait):
+        say(f"profile {model.name} {engine}:{quant}: tg{n} under torch's profiler on cores {cores}")
+        with Worker(cores, runner.child_env(cores, len(cores), {}), label="profile") as w:
+            facts = w.request("load", engine=engine, build=build.to_dict(), threads=len(cores),
+                              n_ctx=n + 16)["facts"]
+            prof = w.request("profile", engine=engine, n=n, seed=0)["result"]
+    step_ms = prof["decode_s"] / n * 1e3
+    rec = {"kind": "profile", **context(threads=len(cores)), "command": command,
+           "model": model.name, "engine": engine, "quant": quant, "engine_version": facts["version"],
+           "cores": cores, "w4_kernels": facts.get("w4_kernels", {}), "step_ms": step_ms, **prof}
+    if results is not None:
+        append(results, rec)
+    say(f"  {step_ms:.2f} ms per decode step; in torch ops + our kernels "
+        f"{prof['in_ops_s'] / prof['wall_s'] * 100:.0f}% of the profiled wall time")
+    return rec
+
+
+def _group(op: str) -> str:
+    if op.startswith("edge_w4::"):
+        return "our 4-bit kernels"
+    if op in ("aten::linear", "aten::addmm", "aten::mm", "aten::matmul"):
+        return "bf16 GEMM (unquantized layers)"
+    if "attention" in op.lower() or "paged" in op.lower() or op.startswith("_C::"):
+        return "vLLM C++ ops (attention, cache, norms, activations)"
+    return "other torch ops"
+
+
+def render(path: Path) -> str:
+    """Markdown: per (model, build), the newest profile's split of one decode step."""
+    recs: dict[tuple, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if r.get("kind") == "profile":
+                recs[(r["model"], r["engine"], r["quant"])] = r
+    out = []
+    for (model, engine, quant), r in sorted(recs.items()):
+        wall_ms = r["wall_s"] / r["tokens"] * 1e3
+        groups: dict[str, float] = {}
+        for o in r["ops"]:
+            groups[_group(o["op"])] = groups.get(_group(o["op"]), 0.0) + o["self_us"]
+        shown = sum(groups.values())
+        rest_ops = r["in_ops_s"] * 1e6 - shown
+        lines = [f"### {model}, {engine}:{quant}", "",
+                 f"- machine: {r['machine'].get('cpu_model')} ({r['machine'].get('isa')}), "
+                 f"cores {r['cores']}; {r['engine_version']}",
+                 f"- decode: {r['step_ms']:.2f} ms per step (tg{r['tokens']}, engine timestamps); "
+                 f"profiled wall {wall_ms:.2f} ms per token", f"- command: `{r['command']}`", "",
+                 "| where | ms per token | share of profiled wall |", "|---|---:|---:|"]
+        for g, us in sorted(groups.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {g} | {us / 1e3 / r['tokens']:.2f} | {us / 1e6 / r['wall_s'] * 100:.0f}% |")
+        if rest_ops > 0:
+            lines.append(f"| smaller ops (outside the top {len(r['ops'])}) | "
+                         f"{rest_ops / 1e3 / r['tokens']:.2f} | {rest_ops / 1e6 / r['wall_s'] * 100:.0f}% |")
+        outside = r["wall_s"] - r["in_ops_s"]
+        lines.append(f"| outside any op (Python, vLLM scheduler, sampler) | "
+                     f"{outside * 1e3 / r['tokens']:.2f} | {outside / r['wall_s'] * 100:.0f}% |")
+        lines += ["", "| top ops | calls per token | self ms per token |", "|---|---:|---:|"]
+        for o in r["ops"][:12]:
+            lines.append(f"| `{o['op']}` | {o['calls'] / r['tokens']:.1f} | "
+                         f"{o['self_us'] / 1e3 / r['tokens']:.3f} |")
+        out.append("\n".join(lines))
+    return ("# Decode-step profiles\n\nRendered from `profile.jsonl` by `edge-infer bench report`. "
+            "Self CPU time on the engine thread under torch's profiler (which adds a little per "
+            "op); an op's parallel work counts inside it.\n\n" + "\n\n".join(out) + "\n")
