@@ -18,17 +18,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from edge_harness.bench.run import EngineSpec, resolve_model
 from edge_harness.fidelity.chunks import Chunks, make_chunks
 from edge_harness.fidelity.metrics import KLAccumulator
-from edge_infer.prompts import first_divergence
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.topology import choose_cores
 from edge_harness.runners import get_runner
 from edge_harness.runners.base import Build, ModelRef
 from edge_infer.errors import UsageError
-from edge_infer.prompts import GREEDY_PROMPTS
+from edge_infer.prompts import GREEDY_PROMPTS, first_divergence
 from edge_infer.results import append, context
 
 BASE = {"ours": "bf16", "llama.cpp": "f16"}  # each engine's full-precision build
