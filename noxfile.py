@@ -74,6 +74,7 @@ def tests(session: nox.Session) -> None:
     for short in PACKAGES:
         session.notify(f"tests-{short}")
     session.notify("fidelity-crosscheck")
+    session.notify("docs-check")
     session.notify("nix-check")
     session.notify("images", ["engine"])
     session.notify("tests-image")
@@ -292,6 +293,14 @@ def fidelity(session: nox.Session) -> None:
         session.run("edge-infer", "fidelity", "run", "-m", model, "-b", builds,
                     "--results", str(results), *session.posargs, env=OFFLINE_ENV)
     session.run("edge-infer", "fidelity", "report", "--results", str(results), env=OFFLINE_ENV)
+
+
+@nox.session(name="docs-check", tags=["docs", "test"])
+def docs_check(session: nox.Session) -> None:
+    """The generated pages (report.md, profile.md, fidelity.md, export.md, comparison.md) equal
+    what the committed records give, and every relative link in README.md and docs/ resolves."""
+    sync(session, all_packages=True)
+    session.run("python", "tools/check_docs.py", env=OFFLINE_ENV)
 
 
 @nox.session(name="fidelity-crosscheck", tags=["fidelity", "test"])

@@ -62,6 +62,45 @@ def render(path: Path, command: str) -> str:
     return "\n".join(lines)
 
 
+def plot(path: Path, out: Path) -> Path | None:
+    """fidelity.png: bits/weight against mean KL (log) and same-top %, one panel per model,
+    each 4-bit build a labelled point; the full-precision self rows (KL 0) are left out."""
+    recs = [r for r in latest(path) if r["kl_mean"] > 0]
+    if not recs:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in recs))
+    fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 7), squeeze=False)
+    for col, model in enumerate(models):
+        rows = [r for r in recs if r["model"] == model]
+        for row, (key, label) in enumerate((("kl_mean", "mean KL vs own full precision"),
+                                            ("same_top_pct", "same top-1 %"))):
+            ax = axes[row][col]
+            for r in rows:
+                color = "tab:blue" if r["engine"] == "ours" else "tab:orange"
+                ax.scatter(r["bits_per_weight"], r[key], color=color, s=18)
+                ax.annotate(f"{r['engine']}:{r['quant']}", (r["bits_per_weight"], r[key]),
+                            fontsize=6, xytext=(3, 2), textcoords="offset points")
+            if key == "kl_mean":
+                ax.set_yscale("log")
+            ax.set_xlabel("bits per weight (whole model, counted from the files)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{model} (blue: ours, orange: llama.cpp)", fontsize=9)
+    fig.tight_layout()
+    png = out.with_name("fidelity.png")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
 def write(path: Path, out: Path, command: str) -> Path:
-    out.write_text(render(path, command))
+    text = render(path, command)
+    png = plot(path, out)
+    if png is not None:
+        text += f"\n![bits per weight against KL and same-top]({png.name})\n"
+    out.write_text(text)
     return out
