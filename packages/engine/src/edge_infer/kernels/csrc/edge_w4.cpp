@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -396,12 +397,22 @@ torch::Tensor finish(const torch::Tensor& y, c10::ScalarType dtype) {
   return out;
 }
 
+// What every GEMV checks first: the instruction-set path, the packed weights, and fp32 [M, K]
+// activations of the right K.
+std::pair<Weights, torch::Tensor> gemv_inputs(const torch::Tensor& x_in, const torch::Tensor& q,
+                                              const torch::Tensor& s,
+                                              const c10::optional<torch::Tensor>& z, int64_t group,
+                                              int64_t layout, int64_t isa) {
+  check_isa(isa);
+  const Weights w = weights(q, s, z, group, layout);
+  torch::Tensor x = as_float(x_in);
+  TORCH_CHECK(x.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected, got K=", x.size(1));
+  return {w, x};
+}
+
 torch::Tensor gemv_w4a16(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
                          const c10::optional<torch::Tensor>& z, int64_t group, int64_t isa) {
-  check_isa(isa);
-  const Weights w = weights(q, s, z, group, kLanes64);
-  const torch::Tensor x = as_float(x_in);
-  TORCH_CHECK(x.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected, got K=", x.size(1));
+  const auto [w, x] = gemv_inputs(x_in, q, s, z, group, kLanes64, isa);
   const int64_t m = x.size(0);
   const float* xp = x.data_ptr<float>();
   std::vector<float> xsum(m * w.groups, 0.f);  // per-token group sums of x
@@ -427,10 +438,7 @@ torch::Tensor gemv_w4a16(const torch::Tensor& x_in, const torch::Tensor& q, cons
 
 torch::Tensor gemv_w4a8(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
                         const c10::optional<torch::Tensor>& z, int64_t group, int64_t isa) {
-  check_isa(isa);
-  const Weights w = weights(q, s, z, group, kBlocks32);
-  const torch::Tensor x = as_float(x_in);
-  TORCH_CHECK(x.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected, got K=", x.size(1));
+  const auto [w, x] = gemv_inputs(x_in, q, s, z, group, kBlocks32, isa);
   auto [xq, sx, xsum] = quantize_act(x, group);
   const int64_t m = x.size(0), blocks = w.k / kBlock;
   auto y = torch::empty({m, w.n}, torch::kFloat);
