@@ -271,3 +271,25 @@ def test_forced_portable_path_equals_the_avx2_path(monkeypatch, scheme):
     packed["isa"] = 7
     with pytest.raises(RuntimeError, match="unknown instruction-set path"):
         w4a16.EdgeAvx2.forward(x, packed, None)
+
+
+def test_avx512_path_is_refused_where_the_cpu_lacks_it(monkeypatch):
+    """On a CPU without AVX-512 the 512-bit kernel is never chosen, forcing it is refused by
+    name, and the library refuses the path itself rather than executing illegal instructions."""
+    from edge_infer.kernels.cpu import cpu_flags
+
+    if {"avx512f", "avx512bw", "avx512vl"} <= cpu_flags():
+        pytest.skip("this CPU has AVX-512: the path runs (under the load-time self-check)")
+    assert not w4a16.EdgeAvx512.available()
+    assert w4a16.select(64, 128, 32, scheme="w4a8") is not w4a16.EdgeAvx512
+    monkeypatch.setenv(w4a16.FORCE_ENV, "edge-avx512")
+    with pytest.raises(RuntimeError, match="cannot run on this CPU"):
+        w4a16.select(64, 128, 32, scheme="w4a8")
+    if not w4a16.ext.available():
+        return
+    q, s, z = quantize_w4(torch.randn(8, 128), 32, False)
+    packed = w4a16.EdgeAvx2.prepack(q, s, z, 32, torch.float32, "w4a8")
+    for isa in (2, 3):
+        packed["isa"] = isa
+        with pytest.raises(RuntimeError, match="lacks AVX-512|lacks AVX512-VNNI"):
+            w4a16.EdgeAvx2.forward(torch.randn(1, 128), packed, None)

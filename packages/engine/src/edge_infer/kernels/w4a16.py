@@ -119,8 +119,13 @@ class _Edge:
             "s": scale.float().contiguous(),
             "z": zero.contiguous() if zero is not None else None,
             "group": group, "n": n, "k": k, "scheme": scheme,
-            "isa": 1 if cls.isa == "avx2" else 0,
+            "isa": cls.isa_code(),
         }
+
+    @classmethod
+    def isa_code(cls) -> int:
+        """The library's path number (csrc/edge_w4.cpp, enum Isa)."""
+        return {"portable": 0, "avx2": 1, "avx512": 2}[cls.isa]
 
     # Our kernels are pybind calls, invisible to torch's profiler; `edge-infer bench profile`
     # turns this on so each call shows up as a named range (off: no cost on the hot path).
@@ -159,6 +164,25 @@ class EdgeAvx2(_Edge):
     @classmethod
     def _cpu_ok(cls) -> bool:
         return {"avx2", "fma"} <= cpu_flags()
+
+
+class EdgeAvx512(_Edge):
+    """W4A8 with 512-bit loops (AVX512-BW `vpmaddubsw`, or VNNI `vpdpbusd` where present); W4A16
+    and prefill dequantization use the AVX2 code, which every AVX-512 CPU runs. Written for
+    such CPUs but not yet run on one: each layer is checked against the reference at load and
+    falls back to edge-avx2 on a mismatch."""
+
+    name = "edge-avx512"
+    isa = "avx512"
+    self_check = True
+
+    @classmethod
+    def _cpu_ok(cls) -> bool:
+        return {"avx512f", "avx512bw", "avx512vl", "avx2", "fma"} <= cpu_flags()
+
+    @classmethod
+    def isa_code(cls) -> int:
+        return 3 if "avx512_vnni" in cpu_flags() else 2
 
 
 class EdgePortable(_Edge):
@@ -267,11 +291,11 @@ class VllmWna16:
         return out.reshape(*shape[:-1], p["n"])
 
 
-KERNELS = {k.name: k for k in (VllmWna16, EdgeAvx2, TinyGemm, EdgePortable, Reference)}
+KERNELS = {k.name: k for k in (VllmWna16, EdgeAvx512, EdgeAvx2, TinyGemm, EdgePortable, Reference)}
 # Preference order; the first available kernel that supports the layer and scheme wins unless
 # EDGE_INFER_W4_KERNEL forces one. vLLM's AMX/AVX-512 kernel first where that build of vLLM
-# ships it (not on AVX2 hosts), then ours.
-PREFERENCE = ("vllm-wna16", "edge-avx2", "tinygemm", "edge-portable", "reference")
+# ships it (not on AVX2 hosts), then ours by instruction set.
+PREFERENCE = ("vllm-wna16", "edge-avx512", "edge-avx2", "tinygemm", "edge-portable", "reference")
 
 
 def _fits(kernel: type, n: int, k: int, group: int, scheme: str) -> bool:

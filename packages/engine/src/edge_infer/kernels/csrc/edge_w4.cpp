@@ -38,7 +38,9 @@ constexpr int64_t kBlock = 32;
 // bytes; 0 turns software prefetch off. Settable for the microbenchmark (set_prefetch).
 int64_t g_prefetch = 4096;
 
-enum Isa : int64_t { kPortable = 0, kAvx2 = 1 };
+// Paths in increasing order: a higher one may use every lower one's code (an AVX-512 CPU runs
+// the AVX2 W4A16 loop and dequantization; only the W4A8 GEMV has 512-bit loops).
+enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
 enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1 };
 
 bool cpu_has(const std::string& feature) {
@@ -49,17 +51,24 @@ bool cpu_has(const std::string& feature) {
   if (feature == "f16c") return __builtin_cpu_supports("f16c");
   if (feature == "avx512f") return __builtin_cpu_supports("avx512f");
   if (feature == "avx512bw") return __builtin_cpu_supports("avx512bw");
+  if (feature == "avx512vl") return __builtin_cpu_supports("avx512vl");
   if (feature == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
 #endif
   return false;
 }
 
 void check_isa(int64_t isa) {
-  if (isa == kAvx2) {
+  TORCH_CHECK(isa >= kPortable && isa <= kAvx512Vnni, "edge_w4: unknown instruction-set path ", isa);
+  if (isa >= kAvx2) {
     TORCH_CHECK(cpu_has("avx2") && cpu_has("fma"),
                 "edge_w4: the AVX2 path was requested but this CPU lacks AVX2/FMA");
-  } else {
-    TORCH_CHECK(isa == kPortable, "edge_w4: unknown instruction-set path ", isa);
+  }
+  if (isa >= kAvx512) {
+    TORCH_CHECK(cpu_has("avx512f") && cpu_has("avx512bw") && cpu_has("avx512vl"),
+                "edge_w4: the AVX-512 path was requested but this CPU lacks AVX-512 F/BW/VL");
+  }
+  if (isa == kAvx512Vnni) {
+    TORCH_CHECK(cpu_has("avx512vnni"), "edge_w4: the VNNI path was requested but this CPU lacks AVX512-VNNI");
   }
 }
 
@@ -267,6 +276,61 @@ __attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t
   for (int r = 0; r < R; ++r) y[r * y_stride] = hsum(acc[r]) - corr[r];
 }
 
+// AVX-512 W4A8: two 32-blocks per step. Their 32 code bytes become 64 unsigned codes ordered
+// like the 64 activations (low nibbles b, high b, low b+1, high b+1); one u8 x s8 dot per lane
+// group of 4 (VNNI `vpdpbusd`, else `vpmaddubsw` + `vpmaddwd`), then one FMA with a scale
+// vector holding s_g(b) sx_b in lanes 0-7 and s_g(b+1) sx_(b+1) in lanes 8-15. Needs an even
+// number of blocks (K % 64 == 0); the caller sends other rows to the AVX2 loop. Not yet run on
+// an AVX-512 CPU: the engine checks it against the reference at load (self_check).
+#define EDGE_AVX512 "avx512f,avx512bw,avx512vl,avx2,fma"
+#define EDGE_AVX512_VNNI "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"
+
+// One body, compiled twice with the dot product as the only difference (a macro, because a
+// function's target attribute cannot depend on a template parameter).
+#define EDGE_W4A8_AVX512_BODY(DOT)                                                                    \
+  const int64_t row_bytes = w.k / 2, per_group = w.group / kBlock, blocks = w.k / kBlock;              \
+  const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
+  [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
+  __m512 acc[R];                                                                                      \
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();                                           \
+  for (int64_t b = 0; b < blocks; b += 2) {                                                           \
+    const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(xq + b * kBlock));            \
+    const int64_t g0 = b / per_group, g1 = (b + 1) / per_group;                                       \
+    for (int r = 0; r < R; ++r) {                                                                     \
+      const uint8_t* p = w.q + (row + r) * row_bytes + b * 16;                                        \
+      if (g_prefetch && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T0); \
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));                      \
+      __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);      \
+      codes = _mm512_and_si512(codes, m4); /* 128-bit lanes: lo b, lo b+1, hi b, hi b+1 */            \
+      codes = _mm512_shuffle_i64x2(codes, codes, _MM_SHUFFLE(3, 1, 2, 0)); /* lo b, hi b, lo b+1, hi b+1 */ \
+      const __m512i d = DOT;                                                                          \
+      const float* srow = w.s + (row + r) * w.groups;                                                 \
+      const __m512 scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(srow[g0] * sx[b]),             \
+                                                _mm512_set1_ps(srow[g1] * sx[b + 1]));                \
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[r]);                                 \
+    }                                                                                                 \
+  }                                                                                                   \
+  for (int r = 0; r < R; ++r) {                                                                       \
+    float corr = 0.f;                                                                                 \
+    for (int64_t g = 0; g < w.groups; ++g)                                                            \
+      corr += w.s[(row + r) * w.groups + g] * zero_of(w, row + r, g) * xsum[g];                       \
+    y[r] = _mm512_reduce_add_ps(acc[r]) - corr;                                                       \
+  }
+
+template <int R>
+__attribute__((target(EDGE_AVX512))) void dot_w4a8_avx512(const Weights& w, int64_t row, const int8_t* xq,
+                                                          const float* sx, const float* xsum, float* y) {
+  EDGE_W4A8_AVX512_BODY(_mm512_madd_epi16(_mm512_maddubs_epi16(codes, xv), ones))
+}
+
+template <int R>
+__attribute__((target(EDGE_AVX512_VNNI))) void dot_w4a8_avx512_vnni(const Weights& w, int64_t row,
+                                                                    const int8_t* xq, const float* sx,
+                                                                    const float* xsum, float* y) {
+  EDGE_W4A8_AVX512_BODY(_mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv))
+}
+#undef EDGE_W4A8_AVX512_BODY
+
 __attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int64_t r0, int64_t r1,
                                                            float* out) {
   for (int64_t row = r0; row < r1; ++row) {
@@ -426,7 +490,7 @@ torch::Tensor gemv_w4a16(const torch::Tensor& x_in, const torch::Tensor& q, cons
         const float* xt = xp + t * w.k;
         const float* st = xsum.data() + t * w.groups;
 #if defined(__x86_64__)
-        yp[t * w.n + row] = isa == kAvx2 ? dot_w4a16_avx2(w, row, xt, st) : dot_w4a16_portable(w, row, xt, st);
+        yp[t * w.n + row] = isa >= kAvx2 ? dot_w4a16_avx2(w, row, xt, st) : dot_w4a16_portable(w, row, xt, st);
 #else
         yp[t * w.n + row] = dot_w4a16_portable(w, row, xt, st);
 #endif
@@ -459,7 +523,15 @@ torch::Tensor gemv_w4a8(const torch::Tensor& x_in, const torch::Tensor& q, const
         const float* gt = xs + t * w.groups;
         float* yt = yp + t * w.n + row;
 #if defined(__x86_64__)
-        if (isa == kAvx2) {
+        if (isa >= kAvx512 && rows == R && w.k % 64 == 0) {
+          if (isa == kAvx512Vnni) {
+            dot_w4a8_avx512_vnni<R>(w, row, xt, st, gt, yt);
+          } else {
+            dot_w4a8_avx512<R>(w, row, xt, st, gt, yt);
+          }
+          continue;
+        }
+        if (isa >= kAvx2) {
           if (rows == R) {
             dot_w4a8_avx2<R>(w, row, xt, st, gt, yt, 1);
           } else {
@@ -479,7 +551,7 @@ torch::Tensor gemv_w4a8(const torch::Tensor& x_in, const torch::Tensor& q, const
 void dequant_into(const Weights& w, int64_t r0, int64_t r1, float* out, int64_t isa) {
   at::parallel_for(r0, r1, std::max<int64_t>(1, grain_for(w.k) / 4), [&](int64_t a, int64_t b) {
 #if defined(__x86_64__)
-    if (isa == kAvx2) return dequant_rows_avx2(w, a, b, out + (a - r0) * w.k);
+    if (isa >= kAvx2) return dequant_rows_avx2(w, a, b, out + (a - r0) * w.k);
 #endif
     dequant_rows_portable(w, a, b, out + (a - r0) * w.k);
   });
