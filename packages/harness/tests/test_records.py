@@ -134,3 +134,22 @@ def test_comparison_page_is_generated_from_the_records(tmp_path):
     assert "| m | Q4_1 | ours | w4a16 | ours:bf16 | 4.50 | 3/12 | 91.50 | 0.04210 |" in md
     assert "## What the comparisons do not establish" in md
     assert "no export.jsonl" in md
+
+
+def test_ratios_never_span_two_runs():
+    """A later run that re-measures only llama.cpp must not be divided into an older run of
+    ours: each ratio pairs records of one run (interleaved, same machine state)."""
+    from edge_harness.report.render import latest, ratio_rows
+
+    def rec(run, engine, quant, tok_s):
+        return Record(engine=engine, engine_version="v", model="m", quant=quant, test="tg128",
+                      samples=[tok_s], threads=2, run_id=run)
+
+    old = [rec("r1", "ours", "w4a16", 10.0), rec("r1", "llama.cpp", "q4_k_m", 40.0)]
+    new = [rec("r2", "llama.cpp", "q4_k_m", 50.0), rec("r2", "ours", "w4a16-head", 20.0)]
+    everything = old + new
+    rows = {r[2]: r for r in ratio_rows(latest(everything), everything)}
+    assert rows["ours w4a16 / llama.cpp q4_k_m"][3:6] == ["10.00", "40.00", "**0.25x**"]
+    assert rows["ours w4a16-head / llama.cpp q4_k_m"][3:6] == ["20.00", "50.00", "**0.40x**"]
+    # without the pool, the old ours record has no partner in the newest records: no row
+    assert "ours w4a16 / llama.cpp q4_k_m" not in {r[2] for r in ratio_rows(latest(everything))}

@@ -56,6 +56,7 @@ def load():
         return _import_built(built)
     import torch.utils.cpp_extension as ce
 
+    _ninja_on_path()
     where.mkdir(parents=True, exist_ok=True)
     fresh = True
     if fresh:
@@ -74,6 +75,20 @@ def load():
     if fresh:
         log.info("edge-infer kernels built in %.0f s", time.perf_counter() - t0)
     return module
+
+
+def _ninja_on_path() -> None:
+    """cpp_extension runs `ninja` from PATH; a venv used without activation (an image's
+    /opt/venv/bin/python) has it only in its own bin folder, from the `ninja` wheel."""
+    try:
+        import ninja
+
+        where = str(Path(ninja.BIN_DIR))
+    except (ImportError, AttributeError):
+        where = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if where not in path.split(os.pathsep):
+        os.environ["PATH"] = where + (os.pathsep + path if path else "")
 
 
 def available() -> bool:

@@ -50,7 +50,8 @@ def speed_section(results: Path) -> str:
     path = results / "bench.jsonl"
     if not path.is_file():
         return "## Speed\n\n(no bench.jsonl: run `nox -s bench-x86`)\n"
-    shown = latest(read_records(path))
+    everything = read_records(path)
+    shown = latest(everything)
     fill_ceiling(shown)
     speed = [r for r in shown if is_speed(r)]
     if not speed:
@@ -67,7 +68,9 @@ def speed_section(results: Path) -> str:
              f"interleaved; contention guard: {', '.join(guard)}.", "",
              f"Versions: {'; '.join(versions)}.", "",
              "Commands: " + "; ".join(f"`{c}`" for c in commands), "",
-             ratio_table(shown), "",
+             "Each ratio pairs the newest record of ours with llama.cpp's record from the same "
+             "run (interleaved, same machine state); a pair never spans two runs.", "",
+             ratio_table(shown, everything), "",
              "Decode against the streaming-read ceiling (achieved GB/s = bytes of weights read per "
              "token x tok/s):", ""]
     tg = sorted((r for r in speed if r.test.startswith("tg") and r.achieved_gbs is not None),

@@ -15,8 +15,8 @@ from edge_harness.record import Record, read_records
 from edge_harness.report.printers import MD_COLUMNS, gemm_gbs, md_row, md_table
 
 # Which builds are compared: ours at a quant against llama.cpp at the nearest format.
-PAIRS = (("w4a16", "q4_k_m"), ("w4a16-head", "q4_k_m"), ("w4a16", "q4_0"),
-         ("w4a16-head", "q4_0"), ("bf16", "bf16"), ("bf16", "f16"))
+PAIRS = (("w4a16", "q4_k_m"), ("w4a16-head", "q4_k_m"), ("w4a8", "q4_k_m"), ("w4a8-head", "q4_k_m"),
+         ("w4a16", "q4_0"), ("w4a16-head", "q4_0"), ("bf16", "bf16"), ("bf16", "f16"))
 
 
 def latest(records: list[Record]) -> list[Record]:
@@ -40,8 +40,19 @@ def is_speed(r: Record) -> bool:
     return r.test.startswith(("pp", "tg"))
 
 
-def ratio_rows(records: list[Record]) -> list[list[str]]:
-    by = {(r.model, r.engine, r.quant, r.test, r.threads): r for r in records if is_speed(r)}
+def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[list[str]]:
+    """Ours / llama.cpp per model, pair and test. A ratio is formed only within one run (same
+    run_id: interleaved, same machine state): the newest ours record against the llama.cpp
+    record of that same run, looked up in `pool` (all records; default `records`)."""
+    newest = {(r.model, r.engine, r.quant, r.test, r.threads): r for r in records if is_speed(r)}
+    by_run = {(r.run_id, r.model, r.engine, r.quant, r.test, r.threads): r
+              for r in (pool or records) if is_speed(r)}
+
+    def pair(model, ours_q, llama_q, test, t):
+        a = newest.get((model, "ours", ours_q, test, t))
+        b = by_run.get((a.run_id, model, "llama.cpp", llama_q, test, t)) if a else None
+        return (a, b) if b else (None, None)
+
     rows = []
     models = sorted({r.model for r in records if is_speed(r)})
     threads = sorted({r.threads for r in records if is_speed(r)})
@@ -52,8 +63,7 @@ def ratio_rows(records: list[Record]) -> list[list[str]]:
                 cells = []
                 found = False
                 for test in tests:
-                    a = by.get((model, "ours", ours_q, test, t))
-                    b = by.get((model, "llama.cpp", llama_q, test, t))
+                    a, b = pair(model, ours_q, llama_q, test, t)
                     if a and b:
                         found = True
                         cells += [f"{a.median:.2f}", f"{b.median:.2f}",
@@ -63,8 +73,7 @@ def ratio_rows(records: list[Record]) -> list[list[str]]:
                 if not found:
                     continue
                 tg = [x for x in tests if x.startswith("tg")]
-                a = by.get((model, "ours", ours_q, tg[0], t)) if tg else None
-                b = by.get((model, "llama.cpp", llama_q, tg[0], t)) if tg else None
+                a, b = pair(model, ours_q, llama_q, tg[0], t) if tg else (None, None)
                 rows.append([model, str(t), f"ours {ours_q} / llama.cpp {llama_q}", *cells,
                              _pct(a), _pct(b)])
     return rows
@@ -82,8 +91,8 @@ def _pct(r: Record | None) -> str:
     return "" if r is None or r.pct_ceiling is None else f"{r.pct_ceiling:.1f}"
 
 
-def ratio_table(records: list[Record]) -> str:
-    rows = ratio_rows(records)
+def ratio_table(records: list[Record], pool: list[Record] | None = None) -> str:
+    rows = ratio_rows(records, pool)
     if not rows:
         return "(no pair of ours / llama.cpp results to compare)\n"
     return md_table(ratio_header(records), rows)
@@ -136,7 +145,8 @@ def render(results: Path, out: Path) -> str:
         rows = sorted((r for r in speed if r.model == model),
                       key=lambda r: (r.threads, r.test[:2] != "pp", r.test, r.engine, r.quant))
         parts.append(f"\n## {model}\n\n" + md_table(MD_COLUMNS, [md_row(r) for r in rows]))
-    parts.append("\n## Ours / llama.cpp (medians, tok/s)\n\n" + ratio_table(shown))
+    parts.append("\n## Ours / llama.cpp (medians, tok/s; each ratio within one run)\n\n"
+                 + ratio_table(shown, all_records))
     gemm = [r for r in shown if r.test.startswith("gemm_")]
     if gemm:
         rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
@@ -157,7 +167,7 @@ def render(results: Path, out: Path) -> str:
     if plots:
         parts.append("\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n" for p in plots))
     (out / "report.md").write_text("".join(parts))
-    return ratio_table(shown)
+    return ratio_table(shown, all_records)
 
 
 def plot(records: list[Record], out: Path) -> list[Path]:
