@@ -44,8 +44,8 @@ RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable \
 ENV EDGE_INFER_HOME=/opt/edge-infer
 # Our C++ kernels are compiled here, where the compiler is, into EDGE_INFER_HOME (copied to the
 # final stage, which has no compiler); the final stage loads the built library directly.
-RUN /opt/venv/bin/python -c "from edge_infer.kernels import ext; ext.load()"
-RUN /opt/venv/bin/edge-infer serve --dry-run
+RUN /opt/venv/bin/python -c "from edge_infer.kernels import ext; ext.load()" \
+ && /opt/venv/bin/edge-infer serve --dry-run
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
