@@ -58,10 +58,8 @@ def load():
 
     _ninja_on_path()
     where.mkdir(parents=True, exist_ok=True)
-    fresh = True
-    if fresh:
-        print(f"edge-infer: compiling the 4-bit CPU kernels (once, ~1 min) into {where}",
-              file=sys.stderr, flush=True)
+    print(f"edge-infer: compiling the 4-bit CPU kernels (once, ~1 min) into {where}",
+          file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     flags = ["-O3", "-fopenmp", "-DNDEBUG"]
     module = ce.load(
@@ -72,8 +70,7 @@ def load():
         build_directory=str(where),
         verbose=bool(os.environ.get("EDGE_INFER_KERNEL_VERBOSE")),
     )
-    if fresh:
-        log.info("edge-infer kernels built in %.0f s", time.perf_counter() - t0)
+    log.info("edge-infer kernels built in %.0f s", time.perf_counter() - t0)
     return module
 
 
