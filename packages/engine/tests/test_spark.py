@@ -221,6 +221,12 @@ def vllm_w4_bf16(w4_model, ids, vllm_env_set):
     return run_vllm(w4_model, "bfloat16", ids)
 
 
+@pytest.fixture(scope="module")
+def vllm_bf16(subject, ids, vllm_env_set):
+    """The unquantized model in bf16: the floor that bf16 activations alone reach."""
+    return run_vllm(subject.hf, "bfloat16", ids)
+
+
 # ---- config, checkpoint, tokenizer -----------------------------------------------------------
 
 def test_config_loads_without_remote_code(small_model):
@@ -342,8 +348,10 @@ def test_the_window_is_exercised(vllm_fp32, reference, ids, subject, offset):
     assert kl[w:].mean().item() > 10 * max(right[w:].mean().item(), 1e-7), kl[w:].mean()
 
 
-def test_w4a16_checkpoint_runs_our_kernels(vllm_w4_bf16, ids, subject):
-    """edge_w4 applies to the class's linears with no special case; bf16 activations."""
+def test_w4a16_checkpoint_runs_our_kernels(vllm_w4_bf16, vllm_bf16, reference, ids, subject):
+    """edge_w4 applies to the class's linears with no special case; bf16 activations, judged
+    against what bf16 activations cost the unquantized model (on the 1.7B random shape, with its
+    near-flat logits, bf16 alone costs ~1e-3 in KL: a fixed bar would test bf16, not us)."""
     got, kernels, _ = vllm_w4_bf16
     assert set(kernels) == {f"model.layers.{i}.{m}" for i in range(subject.layers) for m in (
         "self_attn.q_k_v_proj", "self_attn.out_proj", "mlp.gate_up_proj", "mlp.down_proj")
@@ -360,6 +368,10 @@ def test_w4a16_checkpoint_runs_our_kernels(vllm_w4_bf16, ids, subject):
     ref = reference_logits(deq, subject.config, ids)[:-1]
     same_top, kl = agreement(ref, got)
     report(subject, "W4A16 bf16 vs reference on the same 4-bit weights", same_top, kl)
-    # bf16 activations against the fp32 reference on the same 4-bit weights
-    assert kl.mean().item() <= 1e-3, kl.mean()
-    assert same_top >= 0.9, same_top
+    floor_top, floor_kl = agreement(reference, vllm_bf16[0])
+    report(subject, "unquantized bf16 vs reference (the bf16 floor)", floor_top, floor_kl)
+    # bf16 activations against the fp32 reference on the same 4-bit weights: no worse than
+    # twice what bf16 costs the unquantized model, and always within the fixed bars on a model
+    # whose bf16 floor is below them
+    assert kl.mean().item() <= max(1e-3, 2 * floor_kl.mean().item()), kl.mean()
+    assert same_top >= min(0.9, floor_top - 0.05), same_top

@@ -174,6 +174,14 @@ def test_llamacpp_f16_matches_our_vllm_class(llamacpp_logits, vllm_logits, subje
     print(f"\n{subject.name}: llama.cpp F16 vs ours fp32: top-1 {same_top:.4f}, mean KL "
           f"{kl.mean().item():.3e} (beyond the window {kl[window:].mean().item():.3e}) over "
           f"{len(kl)} positions")
+    # Where the two disagree, how close our fp32 logits were to a tie between the two choices
+    # (F16 activations in llama.cpp's matmuls move logits by ~1e-3 relative)
+    ours, theirs = vllm_logits.argmax(-1), llamacpp_logits.argmax(-1)
+    flips = (ours != theirs).nonzero().flatten()
+    gaps = (p[flips, ours[flips]] - p[flips, theirs[flips]]).tolist()
+    print(f"{len(flips)} top-1 flips at positions {flips.tolist()}; our log-prob margin there: "
+          f"max {max(gaps, default=0):.2e} nats, median "
+          f"{float(torch.tensor(gaps).median()) if gaps else 0:.2e}")
     assert same_top >= 0.99, same_top
     assert kl.mean().item() <= 1e-3, kl.mean()
     assert kl[window:].mean().item() <= 1e-3, kl[window:].mean()  # beyond the window
