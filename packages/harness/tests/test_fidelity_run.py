@@ -70,3 +70,38 @@ def test_unknown_build_is_a_usage_error(smollm2):
     res = cli("fidelity", "run", "-b", "ours:w4a16-g48", "--no-results", timeout=120)
     assert res.returncode == 2
     assert "w4a16" in res.stderr and "g48" in res.stderr
+
+
+def test_a_second_run_reuses_the_base_logits_and_agrees(records, tmp_path):
+    """The base build's log-prob rows and greedy continuations are cached per (weights, token
+    ids, prompts): a second run skips the base and scores the same numbers."""
+    out = tmp_path / "again.jsonl"
+    res = cli("fidelity", "run", "-m", "smollm2-135m", "-b", "ours:w4a16",
+              "--chunks", "2", "--ctx", "64", "--prompts", "2", "--n-gen", "6",
+              "--results", str(out), timeout=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "base ours:bf16 (cached in" in res.stderr, res.stderr[-3000:]
+    again = json.loads(out.read_text().splitlines()[-1])
+    first = records["ours:w4a16"]
+    for key in ("kl_mean", "same_top_pct", "ppl_ratio", "greedy_exact", "positions"):
+        assert again[key] == first[key], key
+
+
+def test_a_cached_base_is_refused_when_stale_or_truncated(tmp_path):
+    from edge_harness.fidelity.chunks import Chunks
+    from edge_harness.fidelity.run import cached_base
+
+    chunks = {"lee": Chunks("lee", 8, [[1] * 8, [2] * 8], 100)}
+    info = {"chunks": 2, "rows": 8 - 1 - chunks["lee"].first, "vocab": 5,
+            "first": chunks["lee"].first}
+    (tmp_path / "lee.json").write_text(json.dumps(info))
+    data = tmp_path / "lee.f32"
+    data.write_bytes(b"\0" * (4 * info["chunks"] * info["rows"] * info["vocab"]))
+    key = {"build": "abc", "prompts": [[1, 2]], "n_gen": 4}
+    assert cached_base(tmp_path, chunks, key) is None  # no base.json yet
+    (tmp_path / "base.json").write_text(json.dumps({**key, "greedy": [[7, 8]]}))
+    assert cached_base(tmp_path, chunks, key) == [[7, 8]]
+    assert cached_base(tmp_path, chunks, {**key, "build": "other weights"}) is None
+    assert cached_base(tmp_path, chunks, {**key, "n_gen": 5}) is None
+    data.write_bytes(b"\0" * 12)  # a run killed while writing
+    assert cached_base(tmp_path, chunks, key) is None

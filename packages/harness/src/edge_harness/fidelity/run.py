@@ -116,16 +116,24 @@ class FidelityRun:
         for engine in dict.fromkeys(s.engine for s in p.builds):
             base = lc_f16 if engine == "llama.cpp" else get_runner(engine).prepare(model, BASE[engine])
             folder = _cache() / model.name / f"{engine}-{base.quant}-{ids_digest}"
-            say(f"fidelity {model.name}: base {engine}:{base.quant}")
-            w, _ = self._worker(base, f"{model.name}-{engine}-{base.quant}", n_ctx)
-            try:
-                for c, ch in chunks.items():
-                    w.request("fidelity", task="base", folder=str(folder), corpus=c,
-                              chunks=ch.ids, first=ch.first)
-                base_greedy = (w.request("fidelity", task="greedy", prompts=prompts, n=p.n_gen)["result"]
-                               if prompts else [])
-            finally:
-                w.close()
+            key = {"build": build_fingerprint(base), "prompts": prompts, "n_gen": p.n_gen}
+            base_greedy = cached_base(folder, chunks, key)
+            if base_greedy is not None:
+                say(f"fidelity {model.name}: base {engine}:{base.quant} (cached in {folder})")
+            else:
+                say(f"fidelity {model.name}: base {engine}:{base.quant}")
+                (folder / "base.json").unlink(missing_ok=True)  # stale until rewritten below
+                w, _ = self._worker(base, f"{model.name}-{engine}-{base.quant}", n_ctx)
+                try:
+                    for c, ch in chunks.items():
+                        w.request("fidelity", task="base", folder=str(folder), corpus=c,
+                                  chunks=ch.ids, first=ch.first)
+                    base_greedy = (w.request("fidelity", task="greedy", prompts=prompts,
+                                             n=p.n_gen)["result"] if prompts else [])
+                finally:
+                    w.close()
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "base.json").write_text(json.dumps({**key, "greedy": base_greedy}))
             for spec in (s for s in p.builds if s.engine == engine):
                 build = get_runner(engine).prepare(model, spec.quant)
                 say(f"fidelity {model.name}: {spec.label} against {engine}:{base.quant}")
@@ -183,6 +191,45 @@ class FidelityRun:
         say(f"  {build.engine}:{build.quant}: {rec['bits_per_weight']:.2f} b/w, greedy "
             f"{rec['greedy_exact']}/{len(prompts)}, same top {rec['same_top_pct']:.2f}%, "
             f"mean KL {rec['kl_mean']:.5f}, KL p99 {rec['kl_p99']:.4f}, PPL ratio {rec['ppl_ratio']:.4f}")
+
+
+def build_fingerprint(build: Build) -> str:
+    """Which weights a build loads: its path and every file's size and mtime (cheap, and it
+    changes when a model is pulled or quantized again)."""
+    root = Path(build.path)
+    files = sorted(root.rglob("*")) if root.is_dir() else [root]
+    h = hashlib.sha256(f"{build.engine}:{build.quant}:{root.resolve()}".encode())
+    for f in files:
+        if f.is_file():
+            st = f.stat()
+            h.update(f"{f.relative_to(root) if root.is_dir() else f.name}:{st.st_size}:"
+                     f"{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def cached_base(folder: Path, chunks: dict[str, Chunks], key: dict) -> list | None:
+    """The base build's greedy continuations when its log-prob files in `folder` are complete
+    and were written by the same weights for the same prompts (else None: recompute). The
+    folder name already pins the chunks' token ids."""
+    try:
+        saved = json.loads((folder / "base.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if {k: saved.get(k) for k in key} != key:
+        return None
+    from edge_harness.fidelity.score import base_path
+
+    for c, ch in chunks.items():
+        data, meta = base_path(folder, c)
+        try:
+            info = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            return None
+        if info.get("chunks") != len(ch.ids) or info.get("first") != ch.first or not data.is_file():
+            return None
+        if data.stat().st_size != 4 * info["chunks"] * info["rows"] * info["vocab"]:
+            return None  # truncated
+    return saved.get("greedy")
 
 
 def _cache() -> Path:
