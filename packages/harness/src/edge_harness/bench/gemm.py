@@ -169,6 +169,18 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
     from edge_infer import profiles
 
     threads = len(cores)
+    # The cost of one parallel region depends on the threads, not the model: measured once.
+    status, reading = guard.check_idle("the parallel-region measurement")
+    for t in sorted({1, threads}):
+        with Worker(cores[:t], {"OMP_NUM_THREADS": str(t)}, label="parallel-region") as w:
+            us = w.request("call", fn="edge_harness.bench.gemm:region_cost",
+                           kwargs={"threads": t})["result"]
+        rec = record(engine="at::parallel_for", engine_version=_torch_version(), model="-",
+                     quant="-", test="parallel_region", samples=us, unit="us", threads=t,
+                     cores=cores[:t], guard="overridden" if status == "overridden" else "ok",
+                     guard_foreign_load=round(reading.foreign, 4), extra={})
+        emit(rec)
+        say(f"parallel region at {t} thread(s): {rec.median:.2f} us (median of {len(us)})")
     for name in models:
         model = resolve_model(name)
         group = profiles.load(model.name).quant.group_size
@@ -182,18 +194,6 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
                 })["result"]
             during = guard.judge(watch.reading, f"the GEMM microbenchmark of {model.name}")
         overridden = "overridden" in (status, during)
-        regions = []
-        for t in sorted({1, threads}):
-            with Worker(cores[:t], {"OMP_NUM_THREADS": str(t)}, label="parallel-region") as w:
-                regions.append((t, w.request("call", fn="edge_harness.bench.gemm:region_cost",
-                                             kwargs={"threads": t})["result"]))
-        for t, us in regions:
-            rec = record(engine="at::parallel_for", engine_version=_torch_version(), model="-",
-                         quant="-", test="parallel_region", samples=us, unit="us", threads=t,
-                         cores=cores[:t], guard="overridden" if overridden else "ok",
-                         guard_foreign_load=round(reading.foreign, 4), extra={})
-            emit(rec)
-            say(f"parallel region at {t} thread(s): {rec.median:.2f} us (median of {len(us)})")
         for row in rows:
             flops = 2 * row["m"] * row["n"] * row["k"]
             secs = row["seconds"]
