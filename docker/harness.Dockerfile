@@ -39,8 +39,11 @@ RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
         --package edge-infer-harness --no-install-package triton
 COPY packages/engine/ packages/engine/
 COPY packages/harness/ packages/harness/
-RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-editable --package edge-infer-harness \
-        --no-install-package triton
+# Our packages go to /opt/app, not into the venv: the venv (2 GB) and the final stage's copy of
+# it then stay cached across code changes, so a rebuild writes megabytes, not gigabytes (a CI
+# build once ran out of disk committing that copy). The final stage puts /opt/app on sys.path.
+RUN /opt/uv/bin/uv pip install --no-cache --no-deps --python /opt/venv/bin/python \
+        --target /opt/app ./packages/engine ./packages/harness
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
@@ -50,7 +53,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 edge
 COPY --from=build /opt/venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH \
+COPY --from=build /opt/app /opt/app
+RUN echo /opt/app > /opt/venv/lib/python3.11/site-packages/edge-infer-app.pth
+ENV PATH=/opt/app/bin:/opt/venv/bin:$PATH \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
     PYTHONUNBUFFERED=1
 USER edge
