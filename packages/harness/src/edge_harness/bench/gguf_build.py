@@ -75,9 +75,23 @@ def converter_dir() -> Path:
             staging = Path(tmp) / "extract"
             with tarfile.open(sdist) as tar:
                 members = [m for m in tar.getmembers() if _wanted(m.name)]
-                tar.extractall(staging, members=members, filter="data")
+                _extract(tar, members, staging)
             shutil.move(str(staging / VENDOR), root)
     return root
+
+
+def _extract(tar: tarfile.TarFile, members: list[tarfile.TarInfo], dest: Path) -> None:
+    """Extract plain files and folders only, never outside `dest`. tarfile's "data" filter
+    does this where it exists; Python 3.11 before 3.11.4 (Debian bookworm's 3.11.2, our images'
+    Python) lacks it, so the same rules are applied by hand there."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, members=members, filter="data")
+        return
+    for m in members:
+        parts = Path(m.name).parts
+        if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
+            raise ValueError(f"refusing to extract {m.name!r} from {tar.name}")
+    tar.extractall(dest, members=members)
 
 
 def _wanted(name: str) -> bool:
