@@ -69,7 +69,8 @@ def tests_export(session: nox.Session) -> None:
 @nox.session(tags=["test"])
 def tests(session: nox.Session) -> None:
     """All tests: lint, each package in its own environment, the Nix flake's offline checks,
-    then the engine image built and served for real (needs a Docker API: tools/podman_setup.sh)."""
+    then the engine image built, served for real and running the engine's tests inside it (needs
+    a Docker API: tools/podman_setup.sh)."""
     session.notify("lint")
     for short in PACKAGES:
         session.notify(f"tests-{short}")
@@ -78,6 +79,7 @@ def tests(session: nox.Session) -> None:
     session.notify("nix-check")
     session.notify("images", ["engine"])
     session.notify("tests-image")
+    session.notify("tests-in-image", ["engine"])
 
 
 def _require(session: nox.Session, what: str, ok: bool, how: str) -> None:
