@@ -7,7 +7,9 @@ pinned versions; the CPU torch wheel comes from ./wheels (tools/torch_wheel.py).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nox
@@ -181,31 +183,47 @@ def tests_image(session: nox.Session) -> None:
 def tests_in_image(session: nox.Session) -> None:
     """Each package's tests inside its own image (args: engine harness export; default all),
     against the code installed there: docker/test.Dockerfile adds the test tools to the image
-    `nox -s images` built, and the repository is mounted read-only for the tests alone."""
+    `nox -s images` built, and a copy of the tree is mounted read-only for the tests alone."""
     _require(session, "a Docker API", _docker_ok(),
              "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
     # image names first, then (after --) pytest's arguments, e.g. `-- engine -- -k kernels`
     names = [a for a in session.posargs if a in IMAGES]
     extra = [a for a in session.posargs if a not in IMAGES and a != "--"]
     names = names or list(IMAGES)
-    for name in names:
-        image = IMAGES[name]
-        session.run("docker", "build", "--force-rm", "-f", "docker/test.Dockerfile",
-                    "--build-arg", f"IMAGE={image}", "-t", f"{image}-test", ".",
-                    external=True, env={"DOCKER_BUILDKIT": "0"})
-        # Detached, then `docker wait` for the exit status: podman's Docker API reports 0 for
-        # an attached `docker run` whatever the command returned.
-        cid = session.run("docker", "run", "-d", "-v", f"{ROOT}:/repo:ro",
-                          *(f"--env={k}={v}" for k, v in OFFLINE_ENV.items()),
-                          f"{image}-test", f"packages/{name}/tests", *extra,
-                          external=True, silent=True).strip().splitlines()[-1]
-        try:
-            session.run("docker", "logs", "-f", cid, external=True)
-            status = session.run("docker", "wait", cid, external=True, silent=True).strip()
-        finally:
-            session.run("docker", "rm", "-f", cid, external=True, silent=True)
-        if status != "0":
-            session.error(f"{name} tests failed inside {image} (exit status {status})")
+    # The image's user must read the tests: a copy of the tree (no venvs, no .git) in a
+    # world-readable folder, since a checkout may sit under a private one (mktemp's are 0700).
+    stage = Path(tempfile.mkdtemp(prefix="edge-infer-tests-"))
+    try:
+        stage.chmod(0o755)
+        shutil.copytree(ROOT, stage / "repo", symlinks=True, ignore=shutil.ignore_patterns(
+            ".git", ".nox", ".venv", "wheels", "__pycache__", "*.pyc", ".*_cache"))
+        for path in [stage / "repo", *(stage / "repo").rglob("*")]:  # copytree kept modes
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode | (0o755 if path.is_dir() else 0o444))
+        for name in names:
+            _tests_in(session, IMAGES[name], name, stage / "repo", extra)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _tests_in(session: nox.Session, image: str, name: str, repo: Path, extra: list[str]) -> None:
+    """One package's tests inside `image` (+ the test tools), `repo` mounted read-only."""
+    session.run("docker", "build", "--force-rm", "-f", "docker/test.Dockerfile",
+                "--build-arg", f"IMAGE={image}", "-t", f"{image}-test", ".",
+                external=True, env={"DOCKER_BUILDKIT": "0"})
+    # Detached, then `docker wait` for the exit status: podman's Docker API reports 0 for
+    # an attached `docker run` whatever the command returned.
+    cid = session.run("docker", "run", "-d", "-v", f"{repo}:/repo:ro",
+                      *(f"--env={k}={v}" for k, v in OFFLINE_ENV.items()),
+                      f"{image}-test", f"packages/{name}/tests", *extra,
+                      external=True, silent=True).strip().splitlines()[-1]
+    try:
+        session.run("docker", "logs", "-f", cid, external=True)
+        status = session.run("docker", "wait", cid, external=True, silent=True).strip()
+    finally:
+        session.run("docker", "rm", "-f", cid, external=True, silent=True)
+    if status != "0":
+        session.error(f"{name} tests failed inside {image} (exit status {status})")
 
 
 @nox.session(name="nix-check", tags=["test"])
