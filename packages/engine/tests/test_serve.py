@@ -10,8 +10,10 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
+import openai_parity
 import pytest
 
 API_KEY = "test-key-not-secret"
@@ -25,13 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(smollm2, tmp_path_factory):
+def start(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+    """`edge-infer serve ARGS` on a free port, once /health answers."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edge_infer", "serve", "--port", str(port), "--api-key", API_KEY],
+            [sys.executable, "-m", "edge_infer", "serve", "--port", str(port), *args],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy(),
         )
     base = f"http://127.0.0.1:{port}"
@@ -42,20 +43,32 @@ def server(smollm2, tmp_path_factory):
         try:
             with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
                 if r.status == 200:
-                    break
+                    return proc, base
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"server not healthy after {START_TIMEOUT}s:\n{log.read_text()[-3000:]}")
         time.sleep(2)
-    yield base, log
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc, base = start(["--api-key", API_KEY], log)
+    yield base, log, proc
+    stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +123,7 @@ def test_streaming_chat(client):
 
 
 def test_health_and_metrics(server):
-    base, _ = server
+    base = server[0]
     with urllib.request.urlopen(f"{base}/health", timeout=10) as r:
         assert r.status == 200
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
@@ -133,7 +146,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_request_is_4xx_with_message(server, client, case):
-    base, _ = server
+    base = server[0]
     path = "/v1/chat/completions" if b'"messages"' in BAD[case] else "/v1/completions"
     status, body = raw(base, path, BAD[case])
     assert 400 <= status < 500, (status, body)
@@ -147,7 +160,7 @@ def test_bad_request_is_4xx_with_message(server, client, case):
 
 @pytest.mark.parametrize("key", [None, "wrong-key"], ids=["missing", "incorrect"])
 def test_api_key_is_enforced(server, key):
-    base, _ = server
+    base = server[0]
     status, body = raw(base, "/v1/models", None, key=key)
     assert status == 401 and body.get("error")
 
@@ -171,7 +184,7 @@ def test_eight_concurrent_streams_complete(client):
 
 
 def test_kernel_is_logged(server):
-    _, log = server
+    log = server[1]
     text = log.read_text()
     assert "quantization=edge_w4" in text
     # the kernel the dispatcher picks on this CPU for smollm2's first layer (qkv: 960 x 576, g64)
@@ -195,3 +208,48 @@ def test_serve_runs_the_worker_in_the_engine_process(edge_home):
     i = cmd.index("--distributed-executor-backend")
     assert cmd[i + 1] == "uni"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+@pytest.mark.parametrize("check", list(openai_parity.CHECKS))
+def test_openai_parity(client, check):
+    openai_parity.run(check, client, MODEL)
+
+
+def test_tool_calls_are_parsed_for_qwen25_coder(edge_home, tmp_path):
+    """The qwen2.5-coder profile names vLLM's hermes parser, so `tool_choice: auto` is accepted
+    and a tool call comes back as `tool_calls`, never as a server error."""
+    proc, base = start(["qwen2.5-coder-0.5b", "--max-model-len", "2048"], tmp_path / "serve.log")
+    try:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=300)
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}]
+        out = client.chat.completions.create(
+            model="qwen2.5-coder-0.5b", tools=tools, tool_choice="auto", max_tokens=64,
+            temperature=0, messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        msg = out.choices[0].message
+        if msg.tool_calls:
+            call = msg.tool_calls[0]
+            assert call.function.name == "get_weather", call
+            assert isinstance(json.loads(call.function.arguments), dict), call
+            assert out.choices[0].finish_reason == "tool_calls"
+        else:
+            assert msg.content and "<tool_call>" not in msg.content, msg
+    finally:
+        stop(proc)
+
+
+def test_a_killed_engine_core_is_a_nonzero_exit(server):
+    """Runs last in this module (it ends the shared server). vLLM alone exits 0 when its engine
+    core dies; `edge-infer serve` must exit non-zero so that a supervisor restarts it."""
+    import psutil
+
+    from edge_infer.serve.vllm_main import ENGINE_DIED
+
+    proc = server[2]
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children, "no engine core process under the API server"
+    for child in children:
+        child.kill()
+    assert proc.wait(timeout=120) == ENGINE_DIED, server[1].read_text()[-2000:]

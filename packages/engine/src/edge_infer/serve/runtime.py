@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from edge_infer.errors import UsageError
+from edge_infer.home import home
 from edge_infer.profiles import Profile
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
@@ -33,4 +34,7 @@ def vllm_env(profile: Profile, threads: int | None = None) -> dict[str, str]:
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(profile.serve.kv_cache_gib),
         "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS", "edge_infer"),
+        # inductor's artifacts (vLLM's compiled sampler helpers) persist with our other builds,
+        # so a restart loads them instead of compiling again (serve/warm.py)
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(home() / "inductor")),
     }
