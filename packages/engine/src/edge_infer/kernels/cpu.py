@@ -41,6 +41,20 @@ def isa_level() -> str:
     return "baseline"
 
 
+ACT_DTYPES = ("bfloat16", "float32")
+
+
+def activation_dtype(choice: str = "auto") -> str:
+    """The activation dtype vLLM runs the model in: `choice`, or for "auto" bf16 where the CPU
+    computes in bf16 (AVX512-BF16 or AMX-BF16) and fp32 where bf16 would be emulated (AVX2,
+    AVX-512 without BF16): there every bf16 op converts to fp32 and back."""
+    if choice != "auto":
+        if choice not in ACT_DTYPES:
+            raise ValueError(f"activation dtype {choice!r}: choose auto or one of {ACT_DTYPES}")
+        return choice
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "float32"
+
+
 def fingerprint() -> dict:
     flags = cpu_flags()
     shown = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))

@@ -85,15 +85,21 @@ def pack_lanes64(q: torch.Tensor) -> torch.Tensor:
 
 
 class _Edge:
-    """edge-infer's own kernels (csrc/edge_w4.cpp): fused dequantize + dot GEMV for decode
-    (W4A16: codes to fp32 in registers, FMA; W4A8: int8 activations, `vpmaddubsw` int32 dots),
-    and for prefill (more than GEMV_MAX_M rows) tiles dequantized to fp32 and torch's fp32
-    GEMM, which on AVX2 runs several times faster than bf16."""
+    """edge-infer's own kernels (csrc/edge_w4.cpp), one torch op `edge_w4::linear` (so the
+    profiler shows it by name and torch.compile traces through it, see kernels.ops): up to
+    SMALL_M_MAX rows (decode, batched decode) one pass over the codes serves every row (W4A16:
+    codes to fp32 in registers, FMA; W4A8: int8 activations, `vpmaddubsw` int32 dots); more rows
+    (prefill) go to tiles dequantized to fp32 and torch's fp32 GEMM, which on AVX2 runs several
+    times faster than bf16."""
 
     isa = ""
     self_check = False
     schemes = SCHEMES
-    GEMV_MAX_M = 4
+    # Rows up to which the one-pass kernel beats the dequantize-and-GEMM prefill path, per
+    # scheme. Measured on a 2-core AMD EPYC (AVX-512 host, the AVX2 loops), gate_up 6144x1024,
+    # bf16 and fp32 activations: W4A16 crosses between M=16 and 32 (M=32: 4.5 against 4.8 ms,
+    # M=64: 9.0 against 7.7), W4A8 between 64 and 128 (M=64: 5.6-7.2 against 7.0-8.5 ms).
+    SMALL_M_MAX = {"w4a16": 24, "w4a8": 96}
     TILE = 512
 
     @classmethod
@@ -111,6 +117,9 @@ class _Edge:
 
     @classmethod
     def prepack(cls, q, scale, zero, group: int, dtype: torch.dtype, scheme: str = "w4a16") -> dict[str, Any]:
+        from edge_infer.kernels import ops
+
+        ops.load()
         n, k = q.shape
         lanes = scheme == "w4a16"
         return {
@@ -119,7 +128,7 @@ class _Edge:
             "s": scale.float().contiguous(),
             "z": zero.contiguous() if zero is not None else None,
             "group": group, "n": n, "k": k, "scheme": scheme,
-            "isa": cls.isa_code(),
+            "isa": cls.isa_code(), "small_m_max": cls.SMALL_M_MAX[scheme],
         }
 
     @classmethod
@@ -127,31 +136,11 @@ class _Edge:
         """The library's path number (csrc/edge_w4.cpp, enum Isa)."""
         return {"portable": 0, "avx2": 1, "avx512": 2}[cls.isa]
 
-    # Our kernels are pybind calls, invisible to torch's profiler; `edge-infer bench profile`
-    # turns this on so each call shows up as a named range (off: no cost on the hot path).
-    profile_ranges = False
-
-    @classmethod
-    def forward(cls, x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
-        if _Edge.profile_ranges:
-            kind = "gemv" if x.reshape(-1, x.shape[-1]).shape[0] <= cls.GEMV_MAX_M else "gemm"
-            with torch.profiler.record_function(f"edge_w4::{kind}_{p['scheme']}"):
-                return cls._forward(x, p, bias)
-        return cls._forward(x, p, bias)
-
-    @classmethod
-    def _forward(cls, x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
+    @staticmethod
+    def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        lib = ext.load()
-        if x2.shape[0] <= cls.GEMV_MAX_M:
-            gemv = lib.gemv_w4a16 if p["scheme"] == "w4a16" else lib.gemv_w4a8
-            y = gemv(x2, p["q"], p["s"], p["z"], p["group"], p["isa"])
-        else:
-            if p["scheme"] == "w4a8":
-                x2 = quantize_activations(x2)
-            y = lib.gemm_dq(x2, p["q"], p["s"], p["z"], p["group"], p["layout"], p["isa"], cls.TILE)
-            y = y.to(x.dtype)
+        y = torch.ops.edge_w4.linear(x.reshape(-1, shape[-1]), p["q"], p["s"], p["z"], p["group"],
+                                     p["layout"], p["isa"], p["small_m_max"], _Edge.TILE)
         if bias is not None:
             y = y + bias
         return y.reshape(*shape[:-1], p["n"])
@@ -293,9 +282,11 @@ class VllmWna16:
 
 KERNELS = {k.name: k for k in (VllmWna16, EdgeAvx512, EdgeAvx2, TinyGemm, EdgePortable, Reference)}
 # Preference order; the first available kernel that supports the layer and scheme wins unless
-# EDGE_INFER_W4_KERNEL forces one. vLLM's AMX/AVX-512 kernel first where that build of vLLM
-# ships it (not on AVX2 hosts), then ours by instruction set.
-PREFERENCE = ("vllm-wna16", "edge-avx512", "edge-avx2", "tinygemm", "edge-portable", "reference")
+# EDGE_INFER_W4_KERNEL forces one. Ours by instruction set first: on the first AVX-512 host we
+# ran (2-core AMD EPYC with AVX512-BF16/VNNI), vLLM's AVX-512 cpu_gemm_wna16 took twice our
+# time at M=1 (qkv 4096x1024: 443 against 209 us; LM head: 15.0 against 7.1 ms). vLLM's kernel
+# is kept next, where that build of vLLM ships it (not on AVX2 hosts).
+PREFERENCE = ("edge-avx512", "edge-avx2", "vllm-wna16", "tinygemm", "edge-portable", "reference")
 
 
 def _fits(kernel: type, n: int, k: int, group: int, scheme: str) -> bool:
@@ -329,7 +320,11 @@ def agrees_with_reference(kernel: type, packed: dict[str, Any], q, scale, zero, 
                           dtype: torch.dtype, scheme: str = "w4a16") -> bool:
     """One probe matmul against dequantize-then-matmul: catches a wrong layout at load."""
     x = torch.randn(2, q.shape[1], generator=torch.Generator().manual_seed(0)).to(dtype)
-    got = kernel.forward(x, packed, None).float()
+    try:
+        got = kernel.forward(x, packed, None).float()
+    except (RuntimeError, NotImplementedError) as exc:  # e.g. vLLM's kernel on fp32 activations
+        log.warning("kernel %s failed its self-check: %s", kernel.name, exc)
+        return False
     xr = quantize_activations(x) if scheme == "w4a8" else x.float()
     ref = xr @ dequantize_w4(q, scale, zero, group).T
     return bool((got - ref).abs().max() <= 2e-2 * ref.abs().max() + 1e-3)
@@ -338,16 +333,18 @@ def agrees_with_reference(kernel: type, packed: dict[str, Any], q, scale, zero, 
 def prepack_checked(q, scale, zero, group: int, dtype: torch.dtype,
                     scheme: str = "w4a16") -> tuple[type, dict[str, Any]]:
     """Select and prepack for one layer; a kernel under self-check that disagrees with the
-    reference is dropped for the next one (logged), never used to compute garbage."""
+    reference (or fails on these activations) is dropped for the next one, which is checked
+    in turn (logged), never used to compute garbage."""
     n, k = q.shape
-    kernel = select(n, k, group, scheme=scheme)
-    packed = kernel.prepack(q, scale, zero, group, dtype, scheme)
-    if kernel.self_check and not agrees_with_reference(kernel, packed, q, scale, zero, group,
-                                                       dtype, scheme):
-        log.error("kernel %s disagrees with the reference on a [%d, %d] layer; using the next "
-                  "kernel in %s instead", kernel.name, n, k, PREFERENCE)
-        for name in PREFERENCE[PREFERENCE.index(kernel.name) + 1:]:
-            fallback = KERNELS[name]
-            if _fits(fallback, n, k, group, scheme) and fallback.available():
-                return fallback, fallback.prepack(q, scale, zero, group, dtype, scheme)
-    return kernel, packed
+    first = select(n, k, group, scheme=scheme)
+    later = [KERNELS[name] for name in PREFERENCE[PREFERENCE.index(first.name) + 1:]]
+    for kernel in [first, *later]:
+        if kernel is not first and not (_fits(kernel, n, k, group, scheme) and kernel.available()):
+            continue
+        packed = kernel.prepack(q, scale, zero, group, dtype, scheme)
+        if not kernel.self_check or agrees_with_reference(kernel, packed, q, scale, zero, group,
+                                                          dtype, scheme):
+            return kernel, packed
+        log.error("kernel %s disagrees with the reference on a [%d, %d] %s layer; trying the "
+                  "next kernel in %s", kernel.name, n, k, dtype, PREFERENCE)
+    raise RuntimeError(f"no {scheme} kernel agrees with the reference on a [{n}, {k}] layer")

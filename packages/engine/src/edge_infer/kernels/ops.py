@@ -1,0 +1,26 @@
+"""The kernels as torch ops: `torch.ops.edge_w4.linear`, defined by the C++ library
+(`TORCH_LIBRARY(edge_w4, ...)` in csrc/edge_w4.cpp), with the fake (meta) implementation
+torch.compile needs to trace a model through it without running it.
+
+    linear(x [M, K], q, s, z?, group, layout, isa, small_m_max, tile) -> [M, N], x's dtype
+
+N is q.shape[0]; `layout` 1 (lanes64) is the w4a16 scheme, 0 (blocks32) w4a8.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from edge_infer.kernels import ext
+
+
+@functools.cache
+def load() -> None:
+    """Load the library (which defines the op) once, and register its fake implementation."""
+    ext.load()
+
+    @torch.library.register_fake("edge_w4::linear")
+    def _(x, q, s, z, group, layout, isa, small_m_max, tile):
+        return x.new_empty((x.shape[0], q.shape[0]))
