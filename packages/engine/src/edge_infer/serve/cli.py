@@ -8,6 +8,7 @@ import sys
 import tempfile
 
 from edge_infer.errors import UsageError
+from edge_infer.kernels.cpu import activation_dtype
 from edge_infer.serve.resolve import resolve
 from edge_infer.serve.runtime import vllm_env
 
@@ -50,12 +51,17 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if max_len <= 0:
         raise UsageError(f"--max-model-len {max_len}: must be positive")
     prefix = s.prefix_caching if args.prefix_caching is None else args.prefix_caching
+    try:
+        dtype = activation_dtype(s.dtype)
+    except ValueError as exc:
+        raise UsageError(f"profile {r.profile.name}: serve.{exc}") from None
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        # vLLM's OpenAI server, wrapped so that a dead engine is a non-zero exit
+        sys.executable, "-m", "edge_infer.serve.vllm_main",
         "--model", str(r.path),
         "--served-model-name", args.served_model_name or r.served_name,
         "--host", args.host, "--port", str(args.port),
-        "--dtype", s.dtype,
+        "--dtype", dtype,
         "--max-model-len", str(max_len),
         "--max-num-seqs", str(s.max_num_seqs),
         "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
@@ -68,6 +74,9 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     ]
     if s.enforce_eager:
         cmd.append("--enforce-eager")
+    if s.tool_call_parser:
+        # `tool_choice: "auto"` needs both flags; the parser is the model family's format
+        cmd += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
     if args.api_key:
         cmd += ["--api-key", args.api_key]
     if r.profile.chat.template:
@@ -85,7 +94,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(" ".join(cmd))
         return 0
     shown = [c if c != args.api_key else "***" for c in cmd]
-    print("edge-infer serve: " + " ".join(shown[2:]), file=sys.stderr, flush=True)
+    dtype = cmd[cmd.index("--dtype") + 1]
+    print(f"edge-infer serve: activations {dtype}: " + " ".join(shown[2:]), file=sys.stderr,
+          flush=True)
     # exec: signals reach vLLM directly, and no parent lingers after it exits
     os.execve(sys.executable, cmd, env)
 

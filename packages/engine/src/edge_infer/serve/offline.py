@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from edge_infer.kernels.cpu import activation_dtype
 from edge_infer.serve.resolve import Resolved
 
 
@@ -16,7 +17,7 @@ def make_llm(r: Resolved, *, prefix_caching: bool | None = None, **overrides):
     s = r.profile.serve
     kwargs = dict(
         model=str(r.path),
-        dtype=s.dtype,
+        dtype=activation_dtype(s.dtype),
         max_model_len=s.max_model_len,
         enforce_eager=s.enforce_eager,
         enable_prefix_caching=s.prefix_caching if prefix_caching is None else prefix_caching,

@@ -80,12 +80,17 @@ class OursRunner:
         from vllm import LLM
 
         import edge_infer
+        from edge_infer.kernels.cpu import activation_dtype
 
+        # bf16 weights (the bf16 build) run in bf16 as their reference; 4-bit builds take the
+        # activation dtype of this CPU (or @act_dtype=...)
+        act = "bfloat16" if build.quant == "bf16" else activation_dtype(
+            str(build.options.get("act_dtype", "auto")))
         prefix_caching = bool(build.options.get("prefix_caching", False))
         max_len = n_ctx + 8
         self.llm = LLM(
             model=build.path,
-            dtype="bfloat16",
+            dtype=act,
             enforce_eager=True,
             enable_prefix_caching=prefix_caching,
             max_model_len=max_len,
@@ -102,6 +107,7 @@ class OursRunner:
             "version": f"edge-infer {edge_infer.__version__} + vllm {vllm.__version__}"
                        + (f" (kernels: {shown})" if kernels else ""),
             "threads": len(os.environ["VLLM_CPU_OMP_THREADS_BIND"].split(",")),
+            "act_dtype": act,
             "prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
             "enforce_eager": bool(cfg.model_config.enforce_eager),
             "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
