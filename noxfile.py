@@ -304,7 +304,9 @@ def bench_x86(session: nox.Session) -> None:
     session.run("edge-infer", "bench", "run", "-m", BENCH_SPARK[0], "-e", BENCH_SPARK[1],
                 "-p", "512", "-n", "128", "-r", "5", "--no-ceiling", *session.posargs,
                 env=OFFLINE_ENV)
-    session.run("edge-infer", "bench", "gemm", "-m", models, *_isolation_args(session.posargs),
+    # M = 1 (decode) through 64 (batched decode) and 512 (a pp512 prefill)
+    session.run("edge-infer", "bench", "gemm", "-m", models, "--m-sizes", "1,2,4,8,16,32,64,512",
+                *_isolation_args(session.posargs),
                 env=OFFLINE_ENV)
     session.run("edge-infer", "bench", "report", env=OFFLINE_ENV)
 
