@@ -81,9 +81,9 @@ OURS = [k for k in (w4a16.EdgeAvx512, w4a16.EdgeAvx2, w4a16.EdgePortable) if k._
 @pytest.mark.parametrize("kernel", OURS, ids=lambda k: k.name)
 @pytest.mark.parametrize("scheme", w4a16.SCHEMES)
 @pytest.mark.parametrize("layer", [(37, 192, 64, False), (64, 256, 128, True), (8, 128, 32, True),
-                                   (21, 384, 64, True), (12, 512, 256, False)],
+                                   (21, 384, 64, True), (12, 512, 256, False), (9, 128, 32, False)],
                          ids=["n37-k192-g64", "n64-k256-g128-zp", "n8-k128-g32-zp",
-                              "n21-k384-g64-zp", "n12-k512-g256"])
+                              "n21-k384-g64-zp", "n12-k512-g256", "n9-k128-g32"])
 def test_every_small_m_matches_reference(kernel, scheme, layer):
     """Batched decode: every M from 1 to 64 (the one-pass small-M path and its 4-token tiles
     with every tail), then M past the crossover (the prefill GEMM), on N off the 4-row tile."""
@@ -97,6 +97,24 @@ def test_every_small_m_matches_reference(kernel, scheme, layer):
         ref = reference(x, q, s, z, g, scheme)
         err = (y - ref).abs().max() / ref.abs().max()
         assert err < 1e-4, f"{kernel.name} {scheme} M={m}: relative error {err:.2e}"
+    # the prefill GEMM path, forced at small M (dispatch normally sends it M past the crossover)
+    forced = {**packed, "small_m_max": 0}
+    x = torch.randn(5, k, generator=gen)
+    err = (kernel.forward(x, forced, None) - reference(x, q, s, z, g, scheme)).abs().max()
+    assert err / reference(x, q, s, z, g, scheme).abs().max() < 1e-4, f"{kernel.name} GEMM path"
+    # bf16 activations (on AVX512-BF16 CPUs W4A16 takes the vdpbf16ps loop): the output is
+    # rounded to bf16, the sums are fp32
+    packed = kernel.prepack(q, s, z, g, torch.bfloat16, scheme)
+    for m in [1, 2, 3, 4, 5, 8, 13, 64, 130]:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        y = kernel.forward(x, packed, None)
+        ref = reference(x, q, s, z, g, scheme)
+        err = (y.float() - ref).abs().max() / ref.abs().max()
+        assert y.dtype == torch.bfloat16 and err < 1e-2, f"{kernel.name} {scheme} bf16 M={m}: {err:.2e}"
+    x = torch.randn(5, k, generator=gen).to(torch.bfloat16)
+    ref = reference(x, q, s, z, g, scheme)
+    y = kernel.forward(x, {**packed, "small_m_max": 0}, None)
+    assert (y.float() - ref).abs().max() / ref.abs().max() < 1e-2, f"{kernel.name} bf16 GEMM path"
 
 
 def test_quantize_act_refuses_a_bad_group():

@@ -75,6 +75,13 @@ def pack_blocks32(q: torch.Tensor) -> torch.Tensor:
     return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
 
 
+def pack_blocks64(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] -> uint8 [N, K/2]: per block of 64, byte i = q[i] | q[32 + i] << 4."""
+    n, k = q.shape
+    v = q.reshape(n, k // 64, 2, 32)
+    return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+
+
 def pack_lanes64(q: torch.Tensor) -> torch.Tensor:
     """codes [N, K] -> uint8 [N, K/2]: per block of 64, eight little-endian 32-bit lanes,
     lane i holding q[8j + i] in bits 4j..4j+3."""
@@ -88,18 +95,20 @@ class _Edge:
     """edge-infer's own kernels (csrc/edge_w4.cpp), one torch op `edge_w4::linear` (so the
     profiler shows it by name and torch.compile traces through it, see kernels.ops): up to
     SMALL_M_MAX rows (decode, batched decode) one pass over the codes serves every row (W4A16:
-    codes to fp32 in registers, FMA; W4A8: int8 activations, `vpmaddubsw` int32 dots); more rows
-    (prefill) go to tiles dequantized to fp32 and torch's fp32 GEMM, which on AVX2 runs several
-    times faster than bf16."""
+    codes to fp32 in registers and FMA, or to bf16 and `vdpbf16ps` on AVX512-BF16 CPUs; W4A8:
+    int8 activations, `vpmaddubsw` int32 dots); more rows (prefill) go to tiles dequantized to
+    fp32 and torch's fp32 GEMM, which on AVX2 runs several times faster than bf16."""
 
     isa = ""
     self_check = False
     schemes = SCHEMES
     # Rows up to which the one-pass kernel beats the dequantize-and-GEMM prefill path, per
-    # scheme. Measured on a 2-core AMD EPYC (AVX-512 host, the AVX2 loops), gate_up 6144x1024,
-    # bf16 and fp32 activations: W4A16 crosses between M=16 and 32 (M=32: 4.5 against 4.8 ms,
-    # M=64: 9.0 against 7.7), W4A8 between 64 and 128 (M=64: 5.6-7.2 against 7.0-8.5 ms).
-    SMALL_M_MAX = {"w4a16": 24, "w4a8": 96}
+    # packed layout (csrc/edge_w4.cpp), measured on a 2-core AMD EPYC (AVX-512, AVX512-BF16),
+    # gate_up 6144x1024, ms per call one-pass against GEMM:
+    # - lanes64 (W4A16, fp32 FMA): M=32 4.5 / 4.8, M=64 9.0 / 7.7 (bf16 in, AVX2 loop);
+    # - blocks64 (W4A16, vdpbf16ps): M=128 10.0 / 11.3, M=256 20.3 / 19.8, M=512 49.2 / 39.9;
+    # - blocks32 (W4A8, int8 dots): M=128 10.2 / 17.9, M=512 42.5 / 47.6 (bf16 in).
+    SMALL_M_MAX = {0: 512, 1: 24, 2: 192}
     TILE = 512
 
     @classmethod
@@ -121,20 +130,30 @@ class _Edge:
 
         ops.load()
         n, k = q.shape
-        lanes = scheme == "w4a16"
+        if scheme == "w4a8":
+            codes, layout = pack_blocks32(q), 0
+        elif cls.bf16_dot(dtype):
+            codes, layout = pack_blocks64(q), 2
+        else:
+            codes, layout = pack_lanes64(q), 1
         return {
-            "q": pack_lanes64(q) if lanes else pack_blocks32(q),
-            "layout": 1 if lanes else 0,
+            "q": codes,
+            "layout": layout,
             "s": scale.float().contiguous(),
             "z": zero.contiguous() if zero is not None else None,
             "group": group, "n": n, "k": k, "scheme": scheme,
-            "isa": cls.isa_code(), "small_m_max": cls.SMALL_M_MAX[scheme],
+            "isa": cls.isa_code(), "small_m_max": cls.SMALL_M_MAX[layout],
         }
 
     @classmethod
     def isa_code(cls) -> int:
         """The library's path number (csrc/edge_w4.cpp, enum Isa)."""
         return {"portable": 0, "avx2": 1, "avx512": 2}[cls.isa]
+
+    @classmethod
+    def bf16_dot(cls, dtype: torch.dtype) -> bool:
+        """W4A16 through `vdpbf16ps` (blocks64 codes): bf16 activations on an AVX512-BF16 CPU."""
+        return False
 
     @staticmethod
     def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
@@ -172,6 +191,10 @@ class EdgeAvx512(_Edge):
     @classmethod
     def isa_code(cls) -> int:
         return 3 if "avx512_vnni" in cpu_flags() else 2
+
+    @classmethod
+    def bf16_dot(cls, dtype: torch.dtype) -> bool:
+        return dtype == torch.bfloat16 and "avx512_bf16" in cpu_flags()
 
 
 class EdgePortable(_Edge):

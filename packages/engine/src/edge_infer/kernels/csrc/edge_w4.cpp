@@ -12,6 +12,10 @@
 //   eight lanes, i.e. 8 consecutive k, with no byte shuffles. Each code becomes the float
 //   1 + q/16 by OR-ing it into the mantissa of 1.0 (no int->float conversion), so
 //   sum_k q x = 16 (sum_k (1 + q/16) x - sum_k x).
+// - blocks64 (W4A16 with bf16 activations on AVX512-BF16 CPUs): blocks of 64 codes in 32
+//   bytes, byte i holding k=64c+i in its low nibble and k=64c+32+i in its high nibble. Widened
+//   to 16-bit lanes, each nibble becomes the bf16 1 + q/16 with one shift and one `vpternlogd`,
+//   and `vdpbf16ps` multiplies 32 of them into fp32 sums per instruction.
 // Scales are fp32 [N, K/group]; zero points uint8 [N, K/group] or absent (symmetric: 8).
 // Meaning of the codes: w = (q - z) * s, as in edge_infer.quant.primitives.
 //
@@ -42,7 +46,7 @@ int64_t g_prefetch = 4096;
 // Paths in increasing order: a higher one may use every lower one's code (an AVX-512 CPU runs
 // the AVX2 W4A16 loop and dequantization; only the W4A8 GEMV has 512-bit loops).
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1 };
+enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kBlocks64 = 2 };
 
 bool cpu_has(const std::string& feature) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -54,6 +58,7 @@ bool cpu_has(const std::string& feature) {
   if (feature == "avx512bw") return __builtin_cpu_supports("avx512bw");
   if (feature == "avx512vl") return __builtin_cpu_supports("avx512vl");
   if (feature == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+  if (feature == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
 #endif
   return false;
 }
@@ -83,14 +88,15 @@ struct Weights {
 
 Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
                 int64_t group, int64_t layout) {
-  TORCH_CHECK(layout == kBlocks32 || layout == kLanes64, "edge_w4: unknown layout ", layout);
+  TORCH_CHECK(layout == kBlocks32 || layout == kLanes64 || layout == kBlocks64, "edge_w4: unknown layout ",
+              layout);
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8 && q.is_contiguous(),
               "edge_w4: packed codes must be contiguous uint8 [N, K/2]");
   TORCH_CHECK(group % kBlock == 0 && group > 0, "edge_w4: group ", group, " is not a multiple of 32");
   const int64_t n = q.size(0), k = q.size(1) * 2;
   TORCH_CHECK(k % group == 0, "edge_w4: K=", k, " is not a multiple of the group ", group);
   const int64_t groups = k / group;
-  TORCH_CHECK(layout != kLanes64 || k % 64 == 0, "edge_w4: the lanes64 layout needs K % 64 == 0, got ", k);
+  TORCH_CHECK(layout == kBlocks32 || k % 64 == 0, "edge_w4: the lanes64/blocks64 layouts need K % 64 == 0, got ", k);
   TORCH_CHECK(s.scalar_type() == torch::kFloat && s.is_contiguous() && s.size(0) == n &&
                   s.size(1) == groups,
               "edge_w4: scales must be contiguous fp32 [N, K/group]");
@@ -108,9 +114,17 @@ inline float zero_of(const Weights& w, int64_t row, int64_t g) {
   return w.z ? static_cast<float>(w.z[row * w.groups + g]) : 8.0f;
 }
 
+template <typename V>
+V* scratch(std::vector<V>& buf, int64_t count);
+int64_t grain_for(int64_t k);
+
 // ---------------------------------------------------------------- portable paths
 // Code k of a row in either layout (the portable paths and the tests' view of the layouts).
 inline int code_at(const Weights& w, const uint8_t* q, int64_t k) {
+  if (w.layout == kBlocks64) {
+    const uint8_t byte = q[(k / 64) * 32 + (k % 32)];
+    return (k % 64) < 32 ? (byte & 0xF) : (byte >> 4);
+  }
   if (w.layout == kBlocks32) {
     const int64_t b = k / kBlock, i = k % kBlock;
     const uint8_t byte = q[b * 16 + (i & 15)];
@@ -187,7 +201,7 @@ __attribute__((target("avx2,fma"))) inline __m256 lane_codes(__m256i v) {
 // sum over one 64-block of (1 + q/16) x, the codes j=0..3 (k 0..31) and 4..7 (k 32..63) apart.
 __attribute__((target("avx2,fma"))) inline void lanes64_block(const uint8_t* p, const float* xb, __m256& h0,
                                                              __m256& h1, __m256& h2, __m256& h3) {
-  if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T0);
+  if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1);
   const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   h0 = _mm256_fmadd_ps(lane_codes<0>(v), _mm256_loadu_ps(xb), h0);
   h1 = _mm256_fmadd_ps(lane_codes<1>(v), _mm256_loadu_ps(xb + 8), h1);
@@ -238,7 +252,7 @@ __attribute__((target("avx2,fma"))) void dot_w4a16_avx2(const Weights& w, int64_
   const int64_t half_groups = w.group / 32;  // group boundaries fall on 32-code halves
   for (int64_t c = 0; c < blocks; ++c) {
     const uint8_t* p = q + c * 32;
-    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T0);
+    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1);
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const float* xb = x + c * 64;
     EDGE_W4A16_STEP(0) EDGE_W4A16_STEP(1) EDGE_W4A16_STEP(2) EDGE_W4A16_STEP(3)
@@ -286,7 +300,7 @@ __attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t
       __m256i codes[R];
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w.q + (row + r) * row_bytes + b * 16;
-        if (g_prefetch && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T0);
+        if (g_prefetch && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1);
         codes[r] = blocks32_codes(p);
       }
       for (int t = 0; t < T; ++t) {
@@ -335,7 +349,7 @@ __attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t
     const int64_t g0 = b / per_group, g1 = (b + 1) / per_group;                                       \
     for (int r = 0; r < R; ++r) {                                                                     \
       const uint8_t* p = w.q + (row + r) * row_bytes + b * 16;                                        \
-      if (g_prefetch && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T0); \
+      if (g_prefetch && (b & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1); \
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));                      \
       __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);      \
       codes = _mm512_and_si512(codes, m4); /* 128-bit lanes: lo b, lo b+1, hi b, hi b+1 */            \
@@ -395,7 +409,7 @@ __attribute__((target(EDGE_AVX512_W4A16))) float dot_w4a16_avx512(const Weights&
   const int64_t pairs = w.k / 128, pairs_per_group = w.group >= 128 ? w.group / 128 : 1;
   for (int64_t p = 0; p < pairs; ++p) {
     const uint8_t* qp = q + p * 64;
-    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(qp + g_prefetch), _MM_HINT_T0);
+    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(qp + g_prefetch), _MM_HINT_T1);
     const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(qp));
     const float* xb = xp + p * 128;
 #define EDGE_W4A16_512_STEP(J) h[J] = _mm512_fmadd_ps(lane_codes512<J>(v), _mm512_loadu_ps(xb + 16 * (J)), h[J]);
@@ -431,6 +445,76 @@ void pair_order_x(const float* x, int64_t m, int64_t k, float* out) {
           std::copy_n(x + t * k + p * 128 + half * 64 + 8 * j, 8, out + t * k + p * 128 + 16 * j + 8 * half);
 }
 
+// AVX512-BF16 W4A16 (blocks64 codes, bf16 activations): one row against T tokens. Per 64
+// codes: one widening load, then per half a shift and a `vpternlogd` make 32 bf16 weights
+// 1 + q/16 (exact in bf16), and one `vdpbf16ps` per token adds their 32 products into 16 fp32
+// sums; 16 s_g (S_g - X_g) - z_g s_g X_g as in the lanes64 loop.
+#define EDGE_AVX512_BF16 "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"
+
+template <int T>
+__attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, int64_t row,
+                                                              const c10::BFloat16* x, int64_t xs,
+                                                              const float* xsum, int64_t gs, float* y,
+                                                              int64_t ys) {
+  const uint8_t* q = w.q + row * (w.k / 2);
+  const float* s = w.s + row * w.groups;
+  const __m512i nib = _mm512_set1_epi16(0x0078), one = _mm512_set1_epi16(0x3F80);
+  __m512 acc[T], lo[T], hi[T];
+  for (int t = 0; t < T; ++t) acc[t] = lo[t] = hi[t] = _mm512_setzero_ps();
+  const int64_t blocks = w.k / 64;
+  for (int64_t c = 0; c < blocks; ++c) {
+    const uint8_t* p = q + c * 32;
+    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1);
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    // (v << 3) & 0x78 | 0x3F80 and (v >> 1) & 0x78 | 0x3F80: ternlog A & B | C = 0xEA
+    const __m512bh wl = (__m512bh)_mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 3), nib, one, 0xEA);
+    const __m512bh wh = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 1), nib, one, 0xEA);
+    for (int t = 0; t < T; ++t) {
+      const c10::BFloat16* xb = x + t * xs + c * 64;
+      lo[t] = _mm512_dpbf16_ps(lo[t], wl, (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(xb)));
+      hi[t] = _mm512_dpbf16_ps(hi[t], wh, (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(xb + 32)));
+    }
+    if (w.group == 32) {
+      const __m512 s0 = _mm512_set1_ps(16.f * s[2 * c]), s1 = _mm512_set1_ps(16.f * s[2 * c + 1]);
+      for (int t = 0; t < T; ++t) {
+        acc[t] = _mm512_fmadd_ps(lo[t], s0, _mm512_fmadd_ps(hi[t], s1, acc[t]));
+        lo[t] = hi[t] = _mm512_setzero_ps();
+      }
+    } else if (((c + 1) * 64) % w.group == 0) {
+      const __m512 sg = _mm512_set1_ps(16.f * s[(c * 64) / w.group]);
+      for (int t = 0; t < T; ++t) {
+        acc[t] = _mm512_fmadd_ps(_mm512_add_ps(lo[t], hi[t]), sg, acc[t]);
+        lo[t] = hi[t] = _mm512_setzero_ps();
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    float corr = 0.f;
+    for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (16.f + zero_of(w, row, g)) * xsum[t * gs + g];
+    y[t * ys] = _mm512_reduce_add_ps(acc[t]) - corr;
+  }
+}
+
+// y [M, N] for blocks64 codes and bf16 activations [M, K], every row in one parallel region.
+void rows_w4a16_bf16(const Weights& w, const c10::BFloat16* x, int64_t m, float* yp) {
+  thread_local std::vector<float> xsum_buf;
+  float* xsum = scratch(xsum_buf, m * w.groups);
+  std::fill(xsum, xsum + m * w.groups, 0.f);
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t k = 0; k < w.k; ++k) xsum[t * w.groups + k / w.group] += static_cast<float>(x[t * w.k + k]);
+  at::parallel_for(0, w.n, grain_for(w.k), [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
+      int64_t t = 0;
+      for (; t + 4 <= m; t += 4)
+        dot_w4a16_bf16<4>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
+      for (; t + 2 <= m; t += 2)
+        dot_w4a16_bf16<2>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
+      for (; t < m; ++t)
+        dot_w4a16_bf16<1>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
+    }
+  });
+}
+
 __attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int64_t r0, int64_t r1,
                                                            float* out) {
   for (int64_t row = r0; row < r1; ++row) {
@@ -453,6 +537,23 @@ __attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int
         _mm256_storeu_ps(ob + 40, _mm256_fmadd_ps(lane_codes<5>(v), m1, b1));
         _mm256_storeu_ps(ob + 48, _mm256_fmadd_ps(lane_codes<6>(v), m1, b1));
         _mm256_storeu_ps(ob + 56, _mm256_fmadd_ps(lane_codes<7>(v), m1, b1));
+      }
+    } else if (w.layout == kBlocks64) {
+      for (int64_t c = 0; c < w.k / 64; ++c) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32));
+        const __m256i m4 = _mm256_set1_epi8(0x0F);
+        const __m256i halves[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
+        for (int h = 0; h < 2; ++h) {  // k 64c..64c+31, then 64c+32..64c+63
+          const int64_t g = (c * 64 + 32 * h) / w.group;
+          const __m256 sv = _mm256_set1_ps(w.s[row * w.groups + g]);
+          const __m256 zv = _mm256_set1_ps(zero_of(w, row, g));
+          const __m128i lo = _mm256_castsi256_si128(halves[h]), hi = _mm256_extracti128_si256(halves[h], 1);
+          const __m128i parts[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+          for (int j = 0; j < 4; ++j) {
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+            _mm256_storeu_ps(o + c * 64 + 32 * h + 8 * j, _mm256_mul_ps(_mm256_sub_ps(f, zv), sv));
+          }
+        }
       }
     } else {
       const int64_t per_group = w.group / kBlock;
@@ -636,8 +737,9 @@ __attribute__((target("avx2,fma"))) void w4a8_rows_tokens(const Weights& w, int6
     dot_w4a8_avx2<R, TT>(w, row, xq + t0 * w.k, w.k, sx + t0 * blocks, blocks, xsum + t0 * w.groups,
                          w.groups, yp + t0 * w.n + row, w.n);
   };
-  constexpr int T = 4 / R;
-  for (; t + T <= m; t += T) at(std::integral_constant<int, T>{}, t);
+  // 4 / R tokens at a time, then pairs, then one
+  for (; t + 4 / R <= m; t += 4 / R) at(std::integral_constant<int, 4 / R>{}, t);
+  for (; t + 2 <= m; t += 2) at(std::integral_constant<int, 2>{}, t);
   for (; t < m; ++t) at(std::integral_constant<int, 1>{}, t);
 }
 #endif
@@ -708,6 +810,19 @@ std::pair<Weights, torch::Tensor> gemv_inputs(const torch::Tensor& x_in, const t
 
 torch::Tensor gemv(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
                    const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa) {
+  if (layout == kBlocks64) {  // bf16 activations straight into vdpbf16ps
+    TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
+                "edge_w4: the blocks64 layout needs an AVX512-BF16 CPU and the AVX-512 path");
+    check_isa(isa);
+    const Weights w = weights(q, s, z, group, layout);
+    TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
+    const torch::Tensor x = x_in.to(torch::kBFloat16).contiguous();
+    auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
+#if defined(__x86_64__)
+    rows_w4a16_bf16(w, x.data_ptr<c10::BFloat16>(), x.size(0), y.data_ptr<float>());
+#endif
+    return finish(y, x_in.scalar_type());
+  }
   const auto [w, x] = gemv_inputs(x_in, q, s, z, group, layout, isa);
   auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
   (layout == kLanes64 ? rows_w4a16 : rows_w4a8)(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), isa);
