@@ -154,3 +154,4 @@ def test_logits_match_torch_reference(llm, smollm2, cfg):
     print(f"{cfg.scheme}: top-1 {agree}/{len(ids) - 1}, mean |dlogprob| {sum(diffs) / len(diffs):.3f}")
     assert agree / (len(ids) - 1) >= floor
     assert sum(diffs) / len(diffs) < ceiling, diffs
+

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.activation import GeluAndMul
@@ -140,6 +141,10 @@ class SparkDecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+# Compiled mode (a profile or bench run without enforce_eager) traces the decoder stack with
+# inductor, as vLLM's own models; without this the class ran eager whatever was asked.
+# (dims given: this module's annotations are strings, which the decorator cannot read)
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "inputs_embeds": 0})
 class SparkModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
