@@ -409,7 +409,8 @@ def fidelity_crosscheck(session: nox.Session) -> None:
 @nox.session(tags=["docs"])
 def docs(session: nox.Session) -> None:
     """Regenerate the pages written from measured results: docs/results/report.md (bench),
-    fidelity.md, export.md and docs/engines/comparison.md. Measures nothing."""
+    fidelity.md, export.md, docs/engines/comparison.md and README.md's headline. Measures
+    nothing."""
     sync(session, all_packages=True)
     results = ROOT / "docs" / "results"
     if (results / "bench.jsonl").is_file():
@@ -422,3 +423,4 @@ def docs(session: nox.Session) -> None:
                     str(results / "export.md"), "--command", "nox -s export", env=OFFLINE_ENV)
     session.run("python", "-m", "edge_harness.report.comparison", str(results),
                 str(ROOT / "docs" / "engines" / "comparison.md"), env=OFFLINE_ENV)
+    session.run("python", "tools/readme_headline.py")

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The README's headline, generated from docs/results/bench.jsonl (never typed by hand).
+
+Per model, the newest run that measured our default 4-bit build (w4a16-head, no options)
+against llama.cpp Q4_K_M: one table from that run alone, with its medians, min-max, ceiling,
+machine, versions, guard verdict, command and commit. `python3 tools/readme_headline.py`
+rewrites the block between the markers; `--check` (run by tools/check_docs.py) fails when the
+committed block differs from what the records give.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+START, END = "<!-- headline:start (tools/readme_headline.py) -->", "<!-- headline:end -->"
+MODELS = ("qwen3-0.6b-random", "spark-x2.5-1.7b-random")
+OURS, THEIRS = ("ours", "w4a16-head"), ("llama.cpp", "q4_k_m")
+
+
+def _key(r: dict) -> tuple:
+    return r["engine"], r["quant"]
+
+
+def newest_pair_run(records: list[dict], model: str) -> list[dict]:
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("model") == model and not r.get("extra", {}).get("options"):
+            runs.setdefault(r["run_id"], []).append(r)
+    paired = [rs for rs in runs.values()
+              if {_key(r) for r in rs} >= {OURS, THEIRS} and not any(r.get("git_dirty") for r in rs)]
+    return max(paired, key=lambda rs: max(r["timestamp"] for r in rs), default=[])
+
+
+def _cell(r: dict) -> str:
+    return f"{r['median']:.1f} ({min(r['samples']):.1f}-{max(r['samples']):.1f})"
+
+
+def table(run: list[dict], model: str) -> str:
+    by = {(_key(r), r["test"]): r for r in run}
+    lines = [f"**{model}**, run `{run[0]['run_id']}`:", "",
+             "| test | ours w4a16-head, tok/s | llama.cpp Q4_K_M, tok/s | ratio |",
+             "|---|---:|---:|---:|"]
+    for test in ("tg128", "pp512"):
+        a, b = by.get((OURS, test)), by.get((THEIRS, test))
+        if a and b:
+            lines.append(f"| {test} | {_cell(a)} | {_cell(b)} | **{a['median'] / b['median']:.2f}x** |")
+    tg = by.get((OURS, "tg128")), by.get((THEIRS, "tg128"))
+    r = run[0]
+    facts = [
+        f"- machine: {r['cpu_model']} ({r['isa']}; {', '.join(r['cpu_flags'])}), "
+        f"{r['threads']} threads on cores {r['cores']}",
+        f"- versions: {tg[0]['engine_version'] if tg[0] else ''}; {tg[1]['engine_version'] if tg[1] else ''}",
+        f"- guard: {', '.join(sorted({x['guard'] for x in run}))}; medians of "
+        f"{len(r['samples'])} interleaved repetitions (min-max in brackets)",
+    ]
+    if all(tg):
+        facts.append(f"- decode streams {tg[0]['achieved_gbs']:.1f} / {tg[1]['achieved_gbs']:.1f} GB/s "
+                     f"of the run's {tg[0]['ceiling_gbs']:.1f} GB/s streaming ceiling")
+    facts.append(f"- command: `{r['command']}` at commit {r['git_commit'][:7]} (clean tree)")
+    return "\n".join(lines + [""] + facts)
+
+
+def render(records: list[dict]) -> str:
+    parts = [table(run, m) for m in MODELS if (run := newest_pair_run(records, m))]
+    return "\n\n".join(parts) or "(no paired run recorded yet)"
+
+
+def main() -> int:
+    records = [json.loads(line) for line in
+               (ROOT / "docs/results/bench.jsonl").read_text().splitlines() if line.strip()]
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    new = f"{head}{START}\n{render(records)}\n{END}{tail}"
+    if "--check" in sys.argv:
+        if new != text:
+            print("README.md: the headline is stale; run python3 tools/readme_headline.py")
+            return 1
+        return 0
+    readme.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
