@@ -212,6 +212,8 @@ def test_unavailable_kernel_falls_back(monkeypatch):
     # tinygemm is next
     for kernel in (w4a16.EdgeAvx512, w4a16.EdgeAvx2):
         monkeypatch.setattr(kernel, "_cpu_ok", classmethod(lambda cls: False))
+    # nor vLLM's AVX-512 kernel (present here once vLLM's extension has been loaded)
+    monkeypatch.setattr(w4a16.VllmWna16, "available", staticmethod(lambda: False))
     assert w4a16.select(64, 128, 32) is w4a16.TinyGemm
     # W4A8 has no tinygemm: the portable build of our kernels takes it
     assert w4a16.select(64, 128, 32, scheme="w4a8") is w4a16.EdgePortable
