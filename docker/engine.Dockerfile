@@ -59,11 +59,12 @@ FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
 # A C++ compiler at run time, Debian bookworm's (GCC 12): vLLM compiles parts of its sampler
 # with torch.compile (inductor) on CPU, and without a compiler the first `logprobs` request
-# killed the engine (InvalidCxxCompiler). The common shapes come prebuilt from the build stage;
+# killed the engine (InvalidCxxCompiler); inductor also runs `openssl` (the engine died with
+# FileNotFoundError: openssl without it). The common shapes come prebuilt from the build stage;
 # the compiler serves the rest, and vLLM's compiled mode.
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-dev g++ libnuma1 \
+ && apt-get install -y --no-install-recommends python3 python3-dev g++ openssl libnuma1 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --create-home --uid 10001 edge
 COPY --from=build /opt/venv /opt/venv
