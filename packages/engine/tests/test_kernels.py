@@ -81,9 +81,10 @@ OURS = [k for k in (w4a16.EdgeAvx512, w4a16.EdgeAvx2, w4a16.EdgePortable) if k._
 @pytest.mark.parametrize("kernel", OURS, ids=lambda k: k.name)
 @pytest.mark.parametrize("scheme", w4a16.SCHEMES)
 @pytest.mark.parametrize("layer", [(37, 192, 64, False), (64, 256, 128, True), (8, 128, 32, True),
-                                   (21, 384, 64, True), (12, 512, 256, False), (9, 128, 32, False)],
+                                   (21, 384, 64, True), (12, 512, 256, False), (9, 128, 32, False),
+                                   (5, 192, 32, True)],
                          ids=["n37-k192-g64", "n64-k256-g128-zp", "n8-k128-g32-zp",
-                              "n21-k384-g64-zp", "n12-k512-g256", "n9-k128-g32"])
+                              "n21-k384-g64-zp", "n12-k512-g256", "n9-k128-g32", "n5-k192-g32-zp"])
 def test_every_small_m_matches_reference(kernel, scheme, layer):
     """Batched decode: every M from 1 to 64 (the one-pass small-M path and its 4-token tiles
     with every tail), then M past the crossover (the prefill GEMM), on N off the 4-row tile."""

@@ -445,73 +445,157 @@ void pair_order_x(const float* x, int64_t m, int64_t k, float* out) {
           std::copy_n(x + t * k + p * 128 + half * 64 + 8 * j, 8, out + t * k + p * 128 + 16 * j + 8 * half);
 }
 
-// AVX512-BF16 W4A16 (blocks64 codes, bf16 activations): one row against T tokens. Per 64
-// codes: one widening load, then per half a shift and a `vpternlogd` make 32 bf16 weights
-// 1 + q/16 (exact in bf16), and one `vdpbf16ps` per token adds their 32 products into 16 fp32
-// sums; 16 s_g (S_g - X_g) - z_g s_g X_g as in the lanes64 loop.
+// AVX512-BF16 W4A16 (blocks64 codes, bf16 activations): one row against T tokens, two blocks
+// (128 codes, one 64-byte line) per step. Per block: one widening load, then per half a shift
+// and a `vpternlogd` make 32 bf16 weights 1 + q/16 (exact in bf16), and one `vdpbf16ps` per
+// token adds their 32 products into 16 fp32 sums; 16 s_g (S_g - X_g) - z_g s_g X_g as in the
+// lanes64 loop. Chains are what bound the one-block loop (~18 GB/s at M=1, `vdpbf16ps` latency,
+// not memory): here each token keeps C independent partial sums over a group of 128 (or a
+// multiple), or, for groups of 32 and 64, scales each quarter or half as it is made into A
+// accumulators. Fewer per token when T tokens already give the core independent work (and
+// all of them must fit the 32 vector registers).
 #define EDGE_AVX512_BF16 "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"
 
-template <int T>
+template <int T, int G>
 __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, int64_t row,
                                                               const c10::BFloat16* x, int64_t xs,
                                                               const float* xsum, int64_t gs, float* y,
                                                               int64_t ys) {
+  constexpr int C = T >= 3 ? 2 : 4, A = T >= 3 ? 1 : 2;
   const uint8_t* q = w.q + row * (w.k / 2);
   const float* s = w.s + row * w.groups;
   const __m512i nib = _mm512_set1_epi16(0x0078), one = _mm512_set1_epi16(0x3F80);
-  __m512 acc[T], lo[T], hi[T];
-  for (int t = 0; t < T; ++t) acc[t] = lo[t] = hi[t] = _mm512_setzero_ps();
-  const int64_t blocks = w.k / 64;
-  for (int64_t c = 0; c < blocks; ++c) {
-    const uint8_t* p = q + c * 32;
-    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1);
-    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    // (v << 3) & 0x78 | 0x3F80 and (v >> 1) & 0x78 | 0x3F80: ternlog A & B | C = 0xEA
-    const __m512bh wl = (__m512bh)_mm512_ternarylogic_epi32(_mm512_slli_epi16(v, 3), nib, one, 0xEA);
-    const __m512bh wh = (__m512bh)_mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 1), nib, one, 0xEA);
-    for (int t = 0; t < T; ++t) {
-      const c10::BFloat16* xb = x + t * xs + c * 64;
-      lo[t] = _mm512_dpbf16_ps(lo[t], wl, (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(xb)));
-      hi[t] = _mm512_dpbf16_ps(hi[t], wh, (__m512bh)_mm512_loadu_si512(reinterpret_cast<const void*>(xb + 32)));
-    }
-    if (w.group == 32) {
-      const __m512 s0 = _mm512_set1_ps(16.f * s[2 * c]), s1 = _mm512_set1_ps(16.f * s[2 * c + 1]);
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 acc[T][A], h[T][C];
+  for (int t = 0; t < T; ++t) {
+    for (int a = 0; a < A; ++a) acc[t][a] = zero;
+    for (int c = 0; c < C; ++c) h[t][c] = zero;
+  }
+  // (v << 3) & 0x78 | 0x3F80 and (v >> 1) & 0x78 | 0x3F80: ternlog A & B | C = 0xEA
+#define EDGE_BF16_LO(V) (__m512bh) _mm512_ternarylogic_epi32(_mm512_slli_epi16(V, 3), nib, one, 0xEA)
+#define EDGE_BF16_HI(V) (__m512bh) _mm512_ternarylogic_epi32(_mm512_srli_epi16(V, 1), nib, one, 0xEA)
+#define EDGE_BF16_X(T_, OFF) (__m512bh) _mm512_loadu_si512(reinterpret_cast<const void*>(x + (T_) * xs + (OFF)))
+#define EDGE_BF16_S(I) _mm512_set1_ps(16.f * s[I])
+  const int64_t blocks = w.k / 64, pairs = blocks / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const uint8_t* pp = q + p * 64;
+    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(pp + g_prefetch), _MM_HINT_T1);
+    const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
+    const __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 32)));
+    const __m512bh wq[4] = {EDGE_BF16_LO(v0), EDGE_BF16_HI(v0), EDGE_BF16_LO(v1), EDGE_BF16_HI(v1)};
+    const int64_t k0 = p * 128;
+    if constexpr (G == 32) {
+      const __m512 sq[4] = {EDGE_BF16_S(4 * p), EDGE_BF16_S(4 * p + 1), EDGE_BF16_S(4 * p + 2), EDGE_BF16_S(4 * p + 3)};
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < 4; ++i)
+          acc[t][i % A] = _mm512_fmadd_ps(_mm512_dpbf16_ps(zero, wq[i], EDGE_BF16_X(t, k0 + 32 * i)), sq[i], acc[t][i % A]);
+    } else if constexpr (G == 64) {
+      const __m512 s0 = EDGE_BF16_S(2 * p), s1 = EDGE_BF16_S(2 * p + 1);
       for (int t = 0; t < T; ++t) {
-        acc[t] = _mm512_fmadd_ps(lo[t], s0, _mm512_fmadd_ps(hi[t], s1, acc[t]));
-        lo[t] = hi[t] = _mm512_setzero_ps();
+        const __m512 d0 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero, wq[0], EDGE_BF16_X(t, k0)), wq[1], EDGE_BF16_X(t, k0 + 32));
+        const __m512 d1 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero, wq[2], EDGE_BF16_X(t, k0 + 64)), wq[3], EDGE_BF16_X(t, k0 + 96));
+        acc[t][0] = _mm512_fmadd_ps(d0, s0, acc[t][0]);
+        acc[t][1 % A] = _mm512_fmadd_ps(d1, s1, acc[t][1 % A]);
       }
-    } else if (((c + 1) * 64) % w.group == 0) {
-      const __m512 sg = _mm512_set1_ps(16.f * s[(c * 64) / w.group]);
-      for (int t = 0; t < T; ++t) {
-        acc[t] = _mm512_fmadd_ps(_mm512_add_ps(lo[t], hi[t]), sg, acc[t]);
-        lo[t] = hi[t] = _mm512_setzero_ps();
+    } else {
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < 4; ++i) h[t][i % C] = _mm512_dpbf16_ps(h[t][i % C], wq[i], EDGE_BF16_X(t, k0 + 32 * i));
+      if (((p + 1) * 128) % w.group == 0) {
+        const __m512 sg = EDGE_BF16_S(k0 / w.group);
+        for (int t = 0; t < T; ++t) {
+          __m512 sum = h[t][0];
+          for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, h[t][c]);
+          acc[t][p % A] = _mm512_fmadd_ps(sum, sg, acc[t][p % A]);
+          for (int c = 0; c < C; ++c) h[t][c] = zero;
+        }
       }
     }
   }
+  if (blocks % 2) {  // a last single block (K % 128 == 64; only with G = 32 or 64)
+    const int64_t c = blocks - 1;
+    const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32)));
+    const __m512bh wl = EDGE_BF16_LO(v0), wh = EDGE_BF16_HI(v0);
+    for (int t = 0; t < T; ++t) {
+      const __m512 lo = _mm512_dpbf16_ps(zero, wl, EDGE_BF16_X(t, c * 64));
+      const __m512 hi = _mm512_dpbf16_ps(zero, wh, EDGE_BF16_X(t, c * 64 + 32));
+      if constexpr (G == 32) {
+        acc[t][0] = _mm512_fmadd_ps(lo, EDGE_BF16_S(2 * c), acc[t][0]);
+        acc[t][1 % A] = _mm512_fmadd_ps(hi, EDGE_BF16_S(2 * c + 1), acc[t][1 % A]);
+      } else {
+        acc[t][0] = _mm512_fmadd_ps(_mm512_add_ps(lo, hi), EDGE_BF16_S(c), acc[t][0]);
+      }
+    }
+  }
+#undef EDGE_BF16_LO
+#undef EDGE_BF16_HI
+#undef EDGE_BF16_X
+#undef EDGE_BF16_S
   for (int t = 0; t < T; ++t) {
     float corr = 0.f;
     for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (16.f + zero_of(w, row, g)) * xsum[t * gs + g];
-    y[t * ys] = _mm512_reduce_add_ps(acc[t]) - corr;
+    __m512 sum = acc[t][0];
+    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, acc[t][a]);
+    y[t * ys] = _mm512_reduce_add_ps(sum) - corr;
   }
+}
+
+// Per-token group sums of bf16 activations [M, K] (a bf16 is the top half of an fp32).
+__attribute__((target(EDGE_AVX512_BF16))) void group_sums_bf16(const c10::BFloat16* x, int64_t m, int64_t k,
+                                                               int64_t group, float* xsum) {
+  const auto* u = reinterpret_cast<const uint16_t*>(x);
+  for (int64_t t = 0; t < m; ++t) {
+    for (int64_t g = 0; g < k / group; ++g) {
+      const uint16_t* p = u + t * k + g * group;
+      __m512 a = _mm512_setzero_ps();
+      int64_t i = 0;
+      for (; i + 16 <= group; i += 16) {
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+        a = _mm512_add_ps(a, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+      }
+      float sum = _mm512_reduce_add_ps(a);
+      for (; i < group; ++i) sum += static_cast<float>(x[t * k + g * group + i]);
+      xsum[t * (k / group) + g] = sum;
+    }
+  }
+}
+
+// fp32 -> bf16 (round to nearest even, as c10::BFloat16), 16 at a time; threads only for
+// outputs as large as an LM head's.
+__attribute__((target(EDGE_AVX512_BF16))) void to_bf16_range(const float* y, int64_t a, int64_t b,
+                                                             c10::BFloat16* out) {
+  int64_t i = a;
+  for (; i + 16 <= b; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(y + i)));
+  for (; i < b; ++i) out[i] = c10::BFloat16(y[i]);
+}
+
+void to_bf16(const float* y, int64_t count, c10::BFloat16* out) {
+  at::parallel_for(0, count, int64_t{1} << 16, [&](int64_t a, int64_t b) { to_bf16_range(y, a, b, out); });
+}
+
+// One row of blocks64 codes against M bf16 tokens, 4 at a time, then a pair, then one.
+template <int G>
+void row_w4a16_bf16(const Weights& w, int64_t row, const c10::BFloat16* x, int64_t m, const float* xsum,
+                    float* yp) {
+  int64_t t = 0;
+  for (; t + 4 <= m; t += 4)
+    dot_w4a16_bf16<4, G>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
+  for (; t + 2 <= m; t += 2)
+    dot_w4a16_bf16<2, G>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
+  for (; t < m; ++t)
+    dot_w4a16_bf16<1, G>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
 }
 
 // y [M, N] for blocks64 codes and bf16 activations [M, K], every row in one parallel region.
 void rows_w4a16_bf16(const Weights& w, const c10::BFloat16* x, int64_t m, float* yp) {
+  TORCH_CHECK(w.group == 32 || w.group == 64 || w.group % 128 == 0,
+              "edge_w4: the blocks64 layout takes groups of 32, 64 or a multiple of 128, got ", w.group);
   thread_local std::vector<float> xsum_buf;
   float* xsum = scratch(xsum_buf, m * w.groups);
-  std::fill(xsum, xsum + m * w.groups, 0.f);
-  for (int64_t t = 0; t < m; ++t)
-    for (int64_t k = 0; k < w.k; ++k) xsum[t * w.groups + k / w.group] += static_cast<float>(x[t * w.k + k]);
+  group_sums_bf16(x, m, w.k, w.group, xsum);
+  const auto row_fn = w.group == 32 ? &row_w4a16_bf16<32> : w.group == 64 ? &row_w4a16_bf16<64> : &row_w4a16_bf16<128>;
   at::parallel_for(0, w.n, grain_for(w.k), [&](int64_t r0, int64_t r1) {
-    for (int64_t row = r0; row < r1; ++row) {
-      int64_t t = 0;
-      for (; t + 4 <= m; t += 4)
-        dot_w4a16_bf16<4>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
-      for (; t + 2 <= m; t += 2)
-        dot_w4a16_bf16<2>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
-      for (; t < m; ++t)
-        dot_w4a16_bf16<1>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
-    }
+    for (int64_t row = r0; row < r1; ++row) row_fn(w, row, x, m, xsum, yp);
   });
 }
 
@@ -817,9 +901,20 @@ torch::Tensor gemv(const torch::Tensor& x_in, const torch::Tensor& q, const torc
     const Weights w = weights(q, s, z, group, layout);
     TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
     const torch::Tensor x = x_in.to(torch::kBFloat16).contiguous();
-    auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
+    const int64_t m = x.size(0);
 #if defined(__x86_64__)
-    rows_w4a16_bf16(w, x.data_ptr<c10::BFloat16>(), x.size(0), y.data_ptr<float>());
+    if (x_in.scalar_type() == torch::kBFloat16) {  // fp32 sums in scratch, rounded once to bf16
+      thread_local std::vector<float> y_buf;
+      float* yp = scratch(y_buf, m * w.n);
+      rows_w4a16_bf16(w, x.data_ptr<c10::BFloat16>(), m, yp);
+      auto out = torch::empty({m, w.n}, torch::kBFloat16);
+      to_bf16(yp, m * w.n, out.data_ptr<c10::BFloat16>());
+      return out;
+    }
+#endif
+    auto y = torch::empty({m, w.n}, torch::kFloat);
+#if defined(__x86_64__)
+    rows_w4a16_bf16(w, x.data_ptr<c10::BFloat16>(), m, y.data_ptr<float>());
 #endif
     return finish(y, x_in.scalar_type());
   }
