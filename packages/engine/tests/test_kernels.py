@@ -309,7 +309,8 @@ def test_activation_rounding_matches_the_int8_kernel():
 
 
 def test_layouts_put_each_code_where_the_kernels_read_it():
-    """blocks32: byte i of a 32-block = q[i] | q[16+i] << 4; lanes64: lane i, bits 4j = q[8j+i]."""
+    """blocks32: byte i of a 32-block = q[i] | q[16+i] << 4; lanes64: lane i, bits 4j = q[8j+i];
+    words128: word i, bits 4j = q[32j+i]."""
     q = (torch.arange(128) % 16).to(torch.uint8).reshape(1, 128)
     q = q[:, torch.randperm(128, generator=torch.Generator().manual_seed(0))]
     b = w4a16.pack_blocks32(q)
@@ -319,6 +320,13 @@ def test_layouts_put_each_code_where_the_kernels_read_it():
     for c, i, j in [(0, 0, 0), (0, 3, 5), (1, 7, 7), (1, 2, 1)]:
         word = int(lanes[0, c * 8 + i]) & 0xFFFFFFFF
         assert (word >> (4 * j)) & 0xF == int(q[0, 64 * c + 8 * j + i])
+    # words128 (+ a 64-code tail): 16-bit word i of a 128-block, bits 4j = q[32j+i]
+    q192 = torch.cat([q, q[:, :64].flip(1)], dim=1)
+    words = w4a16.pack_words128(q192)[:, :64].view(torch.int16)
+    for i, j in [(0, 0), (5, 1), (31, 2), (17, 3)]:
+        assert (int(words[0, i]) >> (4 * j)) & 0xF == int(q192[0, 32 * j + i])
+    tail = w4a16.pack_words128(q192)[0, 64:]
+    assert int(tail[7]) == int(q192[0, 128 + 7]) | int(q192[0, 128 + 32 + 7]) << 4
 
 
 @pytest.mark.parametrize("scheme", w4a16.SCHEMES)

@@ -75,11 +75,20 @@ def pack_blocks32(q: torch.Tensor) -> torch.Tensor:
     return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
 
 
-def pack_blocks64(q: torch.Tensor) -> torch.Tensor:
-    """codes [N, K] -> uint8 [N, K/2]: per block of 64, byte i = q[i] | q[32 + i] << 4."""
+def pack_words128(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] -> uint8 [N, K/2]: per block of 128, 32 little-endian 16-bit words, word i
+    holding q[32j + i] in bits 4j..4j+3; a K % 128 == 64 tail as 32 bytes, byte i = q[i] |
+    q[32 + i] << 4."""
     n, k = q.shape
-    v = q.reshape(n, k // 64, 2, 32)
-    return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+    main = (k // 128) * 128
+    v = q[:, :main].reshape(n, main // 128, 4, 32)
+    lo = v[:, :, 0, :] | (v[:, :, 1, :] << 4)  # byte 2i
+    hi = v[:, :, 2, :] | (v[:, :, 3, :] << 4)  # byte 2i + 1
+    parts = [torch.stack([lo, hi], dim=-1).reshape(n, main // 2)]
+    if k > main:
+        t = q[:, main:].reshape(n, 2, 32)
+        parts.append(t[:, 0, :] | (t[:, 1, :] << 4))
+    return torch.cat(parts, dim=1).contiguous()
 
 
 def pack_lanes64(q: torch.Tensor) -> torch.Tensor:
@@ -106,7 +115,7 @@ class _Edge:
     # packed layout (csrc/edge_w4.cpp), measured on a 2-core AMD EPYC (AVX-512, AVX512-BF16),
     # gate_up 6144x1024, ms per call one-pass against GEMM:
     # - lanes64 (W4A16, fp32 FMA): M=32 4.5 / 4.8, M=64 9.0 / 7.7 (bf16 in, AVX2 loop);
-    # - blocks64 (W4A16, vdpbf16ps): M=128 10.0 / 11.3, M=256 20.3 / 19.8, M=512 49.2 / 39.9;
+    # - words128 (W4A16, vdpbf16ps): M=128 10.0 / 11.3, M=256 20.3 / 19.8, M=512 49.2 / 39.9;
     # - blocks32 (W4A8, int8 dots): M=128 10.2 / 17.9, M=512 42.5 / 47.6 (bf16 in).
     SMALL_M_MAX = {0: 512, 1: 24, 2: 192}
     TILE = 512
@@ -133,7 +142,7 @@ class _Edge:
         if scheme == "w4a8":
             codes, layout = pack_blocks32(q), 0
         elif cls.bf16_dot(dtype):
-            codes, layout = pack_blocks64(q), 2
+            codes, layout = pack_words128(q), 2
         else:
             codes, layout = pack_lanes64(q), 1
         return {
@@ -152,7 +161,7 @@ class _Edge:
 
     @classmethod
     def bf16_dot(cls, dtype: torch.dtype) -> bool:
-        """W4A16 through `vdpbf16ps` (blocks64 codes): bf16 activations on an AVX512-BF16 CPU."""
+        """W4A16 through `vdpbf16ps` (words128 codes): bf16 activations on an AVX512-BF16 CPU."""
         return False
 
     @staticmethod

@@ -12,10 +12,13 @@
 //   eight lanes, i.e. 8 consecutive k, with no byte shuffles. Each code becomes the float
 //   1 + q/16 by OR-ing it into the mantissa of 1.0 (no int->float conversion), so
 //   sum_k q x = 16 (sum_k (1 + q/16) x - sum_k x).
-// - blocks64 (W4A16 with bf16 activations on AVX512-BF16 CPUs): blocks of 64 codes in 32
-//   bytes, byte i holding k=64c+i in its low nibble and k=64c+32+i in its high nibble. Widened
-//   to 16-bit lanes, each nibble becomes the bf16 1 + q/16 with one shift and one `vpternlogd`,
-//   and `vdpbf16ps` multiplies 32 of them into fp32 sums per instruction.
+// - words128 (W4A16 with bf16 activations on AVX512-BF16 CPUs): blocks of 128 codes in 64
+//   bytes = 32 little-endian 16-bit words; word i holds code k=128c+32j+i in bits 4j..4j+3.
+//   One 64-byte load; shifting by 4j and `vpternlogd` (mask 0xF, or 0x3F80) turn nibble j of
+//   all 32 words into the bf16 1 + q/128 (exact: q lands in the low mantissa bits), with no
+//   widening or shuffle, and `vdpbf16ps` multiplies 32 of them into fp32 sums per
+//   instruction: sum_k q x = 128 (sum_k (1 + q/128) x - sum_k x). A K % 128 == 64 tail is one
+//   32-byte block, byte i holding k=i in its low nibble and k=32+i in its high nibble.
 // Scales are fp32 [N, K/group]; zero points uint8 [N, K/group] or absent (symmetric: 8).
 // Meaning of the codes: w = (q - z) * s, as in edge_infer.quant.primitives.
 //
@@ -41,12 +44,16 @@ namespace {
 constexpr int64_t kBlock = 32;
 // How far ahead of the codes being read the GEMV loops prefetch (rows are contiguous), in
 // bytes; 0 turns software prefetch off. Settable for the microbenchmark (set_prefetch).
-int64_t g_prefetch = 4096;
+// Measured on a 2-core AMD EPYC (Zen 4 class), one decode step's weights of qwen3-0.6b (316 MB,
+// from DRAM), words128 4-row loop: off 26.4 ms, 2048 B 17.2, 4096 B 13.1, 8192 B 12.1,
+// 16384 B 13.1; W4A8 4096 B 15.4, 8192 B 14.5. The hardware prefetcher alone does not follow
+// four interleaved rows.
+int64_t g_prefetch = 8192;
 
 // Paths in increasing order: a higher one may use every lower one's code (an AVX-512 CPU runs
 // the AVX2 W4A16 loop and dequantization; only the W4A8 GEMV has 512-bit loops).
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kBlocks64 = 2 };
+enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kWords128 = 2 };
 
 bool cpu_has(const std::string& feature) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -88,7 +95,7 @@ struct Weights {
 
 Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
                 int64_t group, int64_t layout) {
-  TORCH_CHECK(layout == kBlocks32 || layout == kLanes64 || layout == kBlocks64, "edge_w4: unknown layout ",
+  TORCH_CHECK(layout == kBlocks32 || layout == kLanes64 || layout == kWords128, "edge_w4: unknown layout ",
               layout);
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8 && q.is_contiguous(),
               "edge_w4: packed codes must be contiguous uint8 [N, K/2]");
@@ -96,7 +103,7 @@ Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optio
   const int64_t n = q.size(0), k = q.size(1) * 2;
   TORCH_CHECK(k % group == 0, "edge_w4: K=", k, " is not a multiple of the group ", group);
   const int64_t groups = k / group;
-  TORCH_CHECK(layout == kBlocks32 || k % 64 == 0, "edge_w4: the lanes64/blocks64 layouts need K % 64 == 0, got ", k);
+  TORCH_CHECK(layout == kBlocks32 || k % 64 == 0, "edge_w4: the lanes64/words128 layouts need K % 64 == 0, got ", k);
   TORCH_CHECK(s.scalar_type() == torch::kFloat && s.is_contiguous() && s.size(0) == n &&
                   s.size(1) == groups,
               "edge_w4: scales must be contiguous fp32 [N, K/group]");
@@ -121,9 +128,15 @@ int64_t grain_for(int64_t k);
 // ---------------------------------------------------------------- portable paths
 // Code k of a row in either layout (the portable paths and the tests' view of the layouts).
 inline int code_at(const Weights& w, const uint8_t* q, int64_t k) {
-  if (w.layout == kBlocks64) {
-    const uint8_t byte = q[(k / 64) * 32 + (k % 32)];
-    return (k % 64) < 32 ? (byte & 0xF) : (byte >> 4);
+  if (w.layout == kWords128) {
+    const int64_t main = (w.k / 128) * 128;
+    if (k >= main) {  // the 64-code tail
+      const uint8_t byte = q[main / 2 + (k - main) % 32];
+      return (k - main) < 32 ? (byte & 0xF) : (byte >> 4);
+    }
+    const int64_t c = k / 128, j = (k % 128) / 32, i = k % 32;
+    const uint8_t byte = q[c * 64 + 2 * i + (j >> 1)];
+    return (j & 1) ? (byte >> 4) : (byte & 0xF);
   }
   if (w.layout == kBlocks32) {
     const int64_t b = k / kBlock, i = k % kBlock;
@@ -445,97 +458,119 @@ void pair_order_x(const float* x, int64_t m, int64_t k, float* out) {
           std::copy_n(x + t * k + p * 128 + half * 64 + 8 * j, 8, out + t * k + p * 128 + 16 * j + 8 * half);
 }
 
-// AVX512-BF16 W4A16 (blocks64 codes, bf16 activations): one row against T tokens, two blocks
-// (128 codes, one 64-byte line) per step. Per block: one widening load, then per half a shift
-// and a `vpternlogd` make 32 bf16 weights 1 + q/16 (exact in bf16), and one `vdpbf16ps` per
-// token adds their 32 products into 16 fp32 sums; 16 s_g (S_g - X_g) - z_g s_g X_g as in the
-// lanes64 loop. Chains are what bound the one-block loop (~18 GB/s at M=1, `vdpbf16ps` latency,
-// not memory): here each token keeps C independent partial sums over a group of 128 (or a
-// multiple), or, for groups of 32 and 64, scales each quarter or half as it is made into A
-// accumulators. Fewer per token when T tokens already give the core independent work (and
-// all of them must fit the 32 vector registers).
+// AVX512-BF16 W4A16 (words128 codes, bf16 activations): R rows against T tokens, 128 codes
+// (one 64-byte line per row) per step. One load, three shifts and four `vpternlogd` make a
+// row's 4 x 32 bf16 weights 1 + q/128, then one `vdpbf16ps` per 32 weights and token adds
+// their products into 16 fp32 sums; y = s_g (128 S_g - (128 + z_g) X_g) per group. Each
+// weight vector serves T tokens and each activation vector R rows, and the R x T (x C) sums are
+// independent chains: the dot's latency, not memory, bounded a one-row one-chain loop at ~13
+// GB/s per core. Groups of 128 (or a multiple) sum into C chains flushed once per group with
+// one FMA; groups of 32 and 64 are scaled as each quarter or half is made, into two
+// accumulators (acc and h[..][0]).
 #define EDGE_AVX512_BF16 "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"
 
-template <int T, int G>
+template <int R, int T, int G>
 __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, int64_t row,
                                                               const c10::BFloat16* x, int64_t xs,
                                                               const float* xsum, int64_t gs, float* y,
                                                               int64_t ys) {
-  constexpr int C = T >= 3 ? 2 : 4, A = T >= 3 ? 1 : 2;
-  const uint8_t* q = w.q + row * (w.k / 2);
-  const float* s = w.s + row * w.groups;
-  const __m512i nib = _mm512_set1_epi16(0x0078), one = _mm512_set1_epi16(0x3F80);
+  constexpr int C = R * T >= 8 ? 1 : 2;
+  const int64_t row_bytes = w.k / 2;
+  const __m512i nib = _mm512_set1_epi16(0x000F), one = _mm512_set1_epi16(0x3F80);
   const __m512 zero = _mm512_setzero_ps();
-  __m512 acc[T][A], h[T][C];
-  for (int t = 0; t < T; ++t) {
-    for (int a = 0; a < A; ++a) acc[t][a] = zero;
-    for (int c = 0; c < C; ++c) h[t][c] = zero;
-  }
-  // (v << 3) & 0x78 | 0x3F80 and (v >> 1) & 0x78 | 0x3F80: ternlog A & B | C = 0xEA
-#define EDGE_BF16_LO(V) (__m512bh) _mm512_ternarylogic_epi32(_mm512_slli_epi16(V, 3), nib, one, 0xEA)
-#define EDGE_BF16_HI(V) (__m512bh) _mm512_ternarylogic_epi32(_mm512_srli_epi16(V, 1), nib, one, 0xEA)
-#define EDGE_BF16_X(T_, OFF) (__m512bh) _mm512_loadu_si512(reinterpret_cast<const void*>(x + (T_) * xs + (OFF)))
-#define EDGE_BF16_S(I) _mm512_set1_ps(16.f * s[I])
-  const int64_t blocks = w.k / 64, pairs = blocks / 2;
-  for (int64_t p = 0; p < pairs; ++p) {
-    const uint8_t* pp = q + p * 64;
-    if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(pp + g_prefetch), _MM_HINT_T1);
-    const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
-    const __m512i v1 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp + 32)));
-    const __m512bh wq[4] = {EDGE_BF16_LO(v0), EDGE_BF16_HI(v0), EDGE_BF16_LO(v1), EDGE_BF16_HI(v1)};
+  __m512 acc[R][T], h[R][T][C];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = zero;
+      for (int c = 0; c < C; ++c) h[r][t][c] = zero;
+    }
+  // (v & 0xF) | 0x3F80: ternlog A & B | C = 0xEA
+#define EDGE_BF16_W(V) (__m512bh) _mm512_ternarylogic_epi32(V, nib, one, 0xEA)
+#define EDGE_BF16_S(R_, I) _mm512_set1_ps(128.f * w.s[(row + (R_)) * w.groups + (I)])
+#define EDGE_BF16_XV(T_, OFF) (__m512bh) _mm512_loadu_si512(reinterpret_cast<const void*>(x + (T_) * xs + (OFF)))
+  const int64_t steps = w.k / 128;
+  for (int64_t p = 0; p < steps; ++p) {
     const int64_t k0 = p * 128;
-    if constexpr (G == 32) {
-      const __m512 sq[4] = {EDGE_BF16_S(4 * p), EDGE_BF16_S(4 * p + 1), EDGE_BF16_S(4 * p + 2), EDGE_BF16_S(4 * p + 3)};
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < 4; ++i)
-          acc[t][i % A] = _mm512_fmadd_ps(_mm512_dpbf16_ps(zero, wq[i], EDGE_BF16_X(t, k0 + 32 * i)), sq[i], acc[t][i % A]);
-    } else if constexpr (G == 64) {
-      const __m512 s0 = EDGE_BF16_S(2 * p), s1 = EDGE_BF16_S(2 * p + 1);
-      for (int t = 0; t < T; ++t) {
-        const __m512 d0 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero, wq[0], EDGE_BF16_X(t, k0)), wq[1], EDGE_BF16_X(t, k0 + 32));
-        const __m512 d1 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero, wq[2], EDGE_BF16_X(t, k0 + 64)), wq[3], EDGE_BF16_X(t, k0 + 96));
-        acc[t][0] = _mm512_fmadd_ps(d0, s0, acc[t][0]);
-        acc[t][1 % A] = _mm512_fmadd_ps(d1, s1, acc[t][1 % A]);
-      }
-    } else {
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < 4; ++i) h[t][i % C] = _mm512_dpbf16_ps(h[t][i % C], wq[i], EDGE_BF16_X(t, k0 + 32 * i));
-      if (((p + 1) * 128) % w.group == 0) {
-        const __m512 sg = EDGE_BF16_S(k0 / w.group);
+    __m512bh x1[4];  // one token: its four slices in registers for the R rows
+    if constexpr (T == 1)
+      for (int i = 0; i < 4; ++i) x1[i] = EDGE_BF16_XV(0, k0 + 32 * i);
+#define EDGE_BF16_X(T_, I) (T == 1 ? x1[I] : EDGE_BF16_XV(T_, k0 + 32 * (I)))
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* pp = w.q + (row + r) * row_bytes + p * 64;
+      if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(pp + g_prefetch), _MM_HINT_T1);
+      const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(pp));
+      const __m512bh w0 = EDGE_BF16_W(v), w1 = EDGE_BF16_W(_mm512_srli_epi16(v, 4));
+      const __m512bh w2 = EDGE_BF16_W(_mm512_srli_epi16(v, 8));
+      const __m512bh w3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(v, 12), one);
+      if constexpr (G == 32) {
+        const __m512 s0 = EDGE_BF16_S(r, 4 * p), s1 = EDGE_BF16_S(r, 4 * p + 1);
+        const __m512 s2 = EDGE_BF16_S(r, 4 * p + 2), s3 = EDGE_BF16_S(r, 4 * p + 3);
         for (int t = 0; t < T; ++t) {
-          __m512 sum = h[t][0];
-          for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, h[t][c]);
-          acc[t][p % A] = _mm512_fmadd_ps(sum, sg, acc[t][p % A]);
-          for (int c = 0; c < C; ++c) h[t][c] = zero;
+          acc[r][t] = _mm512_fmadd_ps(_mm512_dpbf16_ps(zero, w0, EDGE_BF16_X(t, 0)), s0, acc[r][t]);
+          h[r][t][0] = _mm512_fmadd_ps(_mm512_dpbf16_ps(zero, w1, EDGE_BF16_X(t, 1)), s1, h[r][t][0]);
+          acc[r][t] = _mm512_fmadd_ps(_mm512_dpbf16_ps(zero, w2, EDGE_BF16_X(t, 2)), s2, acc[r][t]);
+          h[r][t][0] = _mm512_fmadd_ps(_mm512_dpbf16_ps(zero, w3, EDGE_BF16_X(t, 3)), s3, h[r][t][0]);
+        }
+      } else if constexpr (G == 64) {
+        const __m512 s0 = EDGE_BF16_S(r, 2 * p), s1 = EDGE_BF16_S(r, 2 * p + 1);
+        for (int t = 0; t < T; ++t) {
+          const __m512 d0 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero, w0, EDGE_BF16_X(t, 0)), w1, EDGE_BF16_X(t, 1));
+          const __m512 d1 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(zero, w2, EDGE_BF16_X(t, 2)), w3, EDGE_BF16_X(t, 3));
+          acc[r][t] = _mm512_fmadd_ps(d0, s0, acc[r][t]);
+          h[r][t][0] = _mm512_fmadd_ps(d1, s1, h[r][t][0]);
+        }
+      } else {
+        for (int t = 0; t < T; ++t) {
+          h[r][t][0] = _mm512_dpbf16_ps(h[r][t][0], w0, EDGE_BF16_X(t, 0));
+          h[r][t][1 % C] = _mm512_dpbf16_ps(h[r][t][1 % C], w1, EDGE_BF16_X(t, 1));
+          h[r][t][0] = _mm512_dpbf16_ps(h[r][t][0], w2, EDGE_BF16_X(t, 2));
+          h[r][t][1 % C] = _mm512_dpbf16_ps(h[r][t][1 % C], w3, EDGE_BF16_X(t, 3));
+        }
+      }
+    }
+#undef EDGE_BF16_X
+    if constexpr (G != 32 && G != 64) {
+      if (((p + 1) * 128) % w.group == 0) {
+        for (int r = 0; r < R; ++r) {
+          const __m512 sg = EDGE_BF16_S(r, k0 / w.group);
+          for (int t = 0; t < T; ++t) {
+            const __m512 sum = C == 2 ? _mm512_add_ps(h[r][t][0], h[r][t][C - 1]) : h[r][t][0];
+            acc[r][t] = _mm512_fmadd_ps(sum, sg, acc[r][t]);
+            for (int c = 0; c < C; ++c) h[r][t][c] = zero;
+          }
         }
       }
     }
   }
-  if (blocks % 2) {  // a last single block (K % 128 == 64; only with G = 32 or 64)
-    const int64_t c = blocks - 1;
-    const __m512i v0 = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32)));
-    const __m512bh wl = EDGE_BF16_LO(v0), wh = EDGE_BF16_HI(v0);
-    for (int t = 0; t < T; ++t) {
-      const __m512 lo = _mm512_dpbf16_ps(zero, wl, EDGE_BF16_X(t, c * 64));
-      const __m512 hi = _mm512_dpbf16_ps(zero, wh, EDGE_BF16_X(t, c * 64 + 32));
-      if constexpr (G == 32) {
-        acc[t][0] = _mm512_fmadd_ps(lo, EDGE_BF16_S(2 * c), acc[t][0]);
-        acc[t][1 % A] = _mm512_fmadd_ps(hi, EDGE_BF16_S(2 * c + 1), acc[t][1 % A]);
-      } else {
-        acc[t][0] = _mm512_fmadd_ps(_mm512_add_ps(lo, hi), EDGE_BF16_S(c), acc[t][0]);
+  if (w.k % 128) {  // the 64-code tail (G = 32 or 64): byte i = k i | k 32+i << 4
+    const int64_t k0 = steps * 128;
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* pp = w.q + (row + r) * row_bytes + steps * 64;
+      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
+      const __m512bh wl = EDGE_BF16_W(v), wh = EDGE_BF16_W(_mm512_srli_epi16(v, 4));
+      for (int t = 0; t < T; ++t) {
+        const __m512 lo = _mm512_dpbf16_ps(zero, wl, EDGE_BF16_XV(t, k0));
+        const __m512 hi = _mm512_dpbf16_ps(zero, wh, EDGE_BF16_XV(t, k0 + 32));
+        if constexpr (G == 32) {
+          acc[r][t] = _mm512_fmadd_ps(lo, EDGE_BF16_S(r, k0 / 32), acc[r][t]);
+          h[r][t][0] = _mm512_fmadd_ps(hi, EDGE_BF16_S(r, k0 / 32 + 1), h[r][t][0]);
+        } else {
+          acc[r][t] = _mm512_fmadd_ps(_mm512_add_ps(lo, hi), EDGE_BF16_S(r, k0 / 64), acc[r][t]);
+        }
       }
     }
   }
-#undef EDGE_BF16_LO
-#undef EDGE_BF16_HI
-#undef EDGE_BF16_X
+#undef EDGE_BF16_W
 #undef EDGE_BF16_S
-  for (int t = 0; t < T; ++t) {
-    float corr = 0.f;
-    for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (16.f + zero_of(w, row, g)) * xsum[t * gs + g];
-    __m512 sum = acc[t][0];
-    for (int a = 1; a < A; ++a) sum = _mm512_add_ps(sum, acc[t][a]);
-    y[t * ys] = _mm512_reduce_add_ps(sum) - corr;
+#undef EDGE_BF16_XV
+  for (int r = 0; r < R; ++r) {
+    const float* s = w.s + (row + r) * w.groups;
+    for (int t = 0; t < T; ++t) {
+      float corr = 0.f;
+      for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (128.f + zero_of(w, row + r, g)) * xsum[t * gs + g];
+      // G = 32/64 use h[..][0] as a second accumulator; G >= 128 left it flushed (zero)
+      y[t * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][t], h[r][t][0])) - corr;
+    }
   }
 }
 
@@ -573,30 +608,70 @@ void to_bf16(const float* y, int64_t count, c10::BFloat16* out) {
   at::parallel_for(0, count, int64_t{1} << 16, [&](int64_t a, int64_t b) { to_bf16_range(y, a, b, out); });
 }
 
-// One row of blocks64 codes against M bf16 tokens, 4 at a time, then a pair, then one.
-template <int G>
-void row_w4a16_bf16(const Weights& w, int64_t row, const c10::BFloat16* x, int64_t m, const float* xsum,
-                    float* yp) {
+// Rows of words128 codes against M bf16 tokens. A task of 4 rows meets the tokens 4 at a time
+// (2 rows per call), then in pairs (4 rows), then one (4 rows): every call keeps at least 8
+// chains and fits the registers. The last N % 4 rows go one at a time (R = 1).
+template <int G, int R>
+void rows_tile_w4a16_bf16(const Weights& w, int64_t row, const c10::BFloat16* x, int64_t m, const float* xsum,
+                          float* yp) {
+  auto call = [&](auto rt, auto tt, int64_t r0, int64_t t0) {
+    constexpr int RR = decltype(rt)::value, TT = decltype(tt)::value;
+    dot_w4a16_bf16<RR, TT, G>(w, r0, x + t0 * w.k, w.k, xsum + t0 * w.groups, w.groups, yp + t0 * w.n + r0, w.n);
+  };
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
   int64_t t = 0;
-  for (; t + 4 <= m; t += 4)
-    dot_w4a16_bf16<4, G>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
-  for (; t + 2 <= m; t += 2)
-    dot_w4a16_bf16<2, G>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
-  for (; t < m; ++t)
-    dot_w4a16_bf16<1, G>(w, row, x + t * w.k, w.k, xsum + t * w.groups, w.groups, yp + t * w.n + row, w.n);
+  if constexpr (R == 4) {
+    for (; t + 4 <= m; t += 4) {
+      call(I2{}, I4{}, row, t);
+      call(I2{}, I4{}, row + 2, t);
+    }
+    for (; t + 2 <= m; t += 2) call(I4{}, I2{}, row, t);
+    if (t < m) call(I4{}, I1{}, row, t);
+  } else {
+    for (; t + 4 <= m; t += 4) call(I1{}, I4{}, row, t);
+    for (; t + 2 <= m; t += 2) call(I1{}, I2{}, row, t);
+    if (t < m) call(I1{}, I1{}, row, t);
+  }
 }
 
-// y [M, N] for blocks64 codes and bf16 activations [M, K], every row in one parallel region.
+// y [M, N] for words128 codes and bf16 activations [M, K], every row in one parallel region
+// over tasks of 4 rows.
 void rows_w4a16_bf16(const Weights& w, const c10::BFloat16* x, int64_t m, float* yp) {
   TORCH_CHECK(w.group == 32 || w.group == 64 || w.group % 128 == 0,
-              "edge_w4: the blocks64 layout takes groups of 32, 64 or a multiple of 128, got ", w.group);
+              "edge_w4: the words128 layout takes groups of 32, 64 or a multiple of 128, got ", w.group);
   thread_local std::vector<float> xsum_buf;
   float* xsum = scratch(xsum_buf, m * w.groups);
   group_sums_bf16(x, m, w.k, w.group, xsum);
-  const auto row_fn = w.group == 32 ? &row_w4a16_bf16<32> : w.group == 64 ? &row_w4a16_bf16<64> : &row_w4a16_bf16<128>;
-  at::parallel_for(0, w.n, grain_for(w.k), [&](int64_t r0, int64_t r1) {
-    for (int64_t row = r0; row < r1; ++row) row_fn(w, row, x, m, xsum, yp);
+  using Fn = void (*)(const Weights&, int64_t, const c10::BFloat16*, int64_t, const float*, float*);
+  const Fn quad = w.group == 32 ? &rows_tile_w4a16_bf16<32, 4> : w.group == 64 ? &rows_tile_w4a16_bf16<64, 4>
+                                                                               : &rows_tile_w4a16_bf16<128, 4>;
+  const Fn single = w.group == 32 ? &rows_tile_w4a16_bf16<32, 1> : w.group == 64 ? &rows_tile_w4a16_bf16<64, 1>
+                                                                                 : &rows_tile_w4a16_bf16<128, 1>;
+  constexpr int64_t R = 4;
+  at::parallel_for(0, (w.n + R - 1) / R, std::max<int64_t>(1, grain_for(w.k) / R), [&](int64_t a, int64_t b) {
+    for (int64_t task = a; task < b; ++task) {
+      const int64_t row = task * R;
+      if (row + R <= w.n) {
+        quad(w, row, x, m, xsum, yp);
+      } else {
+        for (int64_t r = row; r < w.n; ++r) single(w, r, x, m, xsum, yp);
+      }
+    }
   });
+}
+
+// 16 codes (16-bit lanes) of one row at k, dequantized into o[k..k+16).
+__attribute__((target("avx2,fma"))) inline void put16_avx2(const Weights& w, int64_t row, float* o, __m256i codes16,
+                                                           int64_t k) {
+  const int64_t g = k / w.group;
+  const __m256 sv = _mm256_set1_ps(w.s[row * w.groups + g]);
+  const __m256 zv = _mm256_set1_ps(zero_of(w, row, g));
+  const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(codes16)));
+  const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(codes16, 1)));
+  _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_sub_ps(f0, zv), sv));
+  _mm256_storeu_ps(o + k + 8, _mm256_mul_ps(_mm256_sub_ps(f1, zv), sv));
 }
 
 __attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int64_t r0, int64_t r1,
@@ -622,21 +697,25 @@ __attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int
         _mm256_storeu_ps(ob + 48, _mm256_fmadd_ps(lane_codes<6>(v), m1, b1));
         _mm256_storeu_ps(ob + 56, _mm256_fmadd_ps(lane_codes<7>(v), m1, b1));
       }
-    } else if (w.layout == kBlocks64) {
-      for (int64_t c = 0; c < w.k / 64; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 32));
-        const __m256i m4 = _mm256_set1_epi8(0x0F);
-        const __m256i halves[2] = {_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4)};
-        for (int h = 0; h < 2; ++h) {  // k 64c..64c+31, then 64c+32..64c+63
-          const int64_t g = (c * 64 + 32 * h) / w.group;
-          const __m256 sv = _mm256_set1_ps(w.s[row * w.groups + g]);
-          const __m256 zv = _mm256_set1_ps(zero_of(w, row, g));
-          const __m128i lo = _mm256_castsi256_si128(halves[h]), hi = _mm256_extracti128_si256(halves[h], 1);
-          const __m128i parts[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
-          for (int j = 0; j < 4; ++j) {
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
-            _mm256_storeu_ps(o + c * 64 + 32 * h + 8 * j, _mm256_mul_ps(_mm256_sub_ps(f, zv), sv));
-          }
+    } else if (w.layout == kWords128) {
+      // per 128 codes, 16 words at a time: nibble j of word i is k = 32j + i
+      const __m256i m4 = _mm256_set1_epi16(0x000F);
+      const int64_t steps = w.k / 128;
+      for (int64_t c = 0; c < steps; ++c) {
+        for (int h = 0; h < 2; ++h) {  // words 0..15, then 16..31
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 64 + 32 * h));
+          put16_avx2(w, row, o, _mm256_and_si256(v, m4), c * 128 + 16 * h);
+          put16_avx2(w, row, o, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4), c * 128 + 32 + 16 * h);
+          put16_avx2(w, row, o, _mm256_and_si256(_mm256_srli_epi16(v, 8), m4), c * 128 + 64 + 16 * h);
+          put16_avx2(w, row, o, _mm256_srli_epi16(v, 12), c * 128 + 96 + 16 * h);
+        }
+      }
+      if (w.k % 128) {  // tail: byte i = k i | k 32+i << 4, 16 bytes at a time
+        const int64_t k0 = steps * 128;
+        for (int h = 0; h < 2; ++h) {
+          const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + steps * 64 + 16 * h)));
+          put16_avx2(w, row, o, _mm256_and_si256(b, m4), k0 + 16 * h);
+          put16_avx2(w, row, o, _mm256_srli_epi16(b, 4), k0 + 32 + 16 * h);
         }
       }
     } else {
@@ -894,9 +973,9 @@ std::pair<Weights, torch::Tensor> gemv_inputs(const torch::Tensor& x_in, const t
 
 torch::Tensor gemv(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
                    const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa) {
-  if (layout == kBlocks64) {  // bf16 activations straight into vdpbf16ps
+  if (layout == kWords128) {  // bf16 activations straight into vdpbf16ps
     TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
-                "edge_w4: the blocks64 layout needs an AVX512-BF16 CPU and the AVX-512 path");
+                "edge_w4: the words128 layout needs an AVX512-BF16 CPU and the AVX-512 path");
     check_isa(isa);
     const Weights w = weights(q, s, z, group, layout);
     TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
