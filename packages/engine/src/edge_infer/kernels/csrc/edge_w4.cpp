@@ -14,11 +14,12 @@
 //   sum_k q x = 16 (sum_k (1 + q/16) x - sum_k x).
 // - words128 (W4A16 with bf16 activations on AVX512-BF16 CPUs): blocks of 128 codes in 64
 //   bytes = 32 little-endian 16-bit words; word i holds code k=128c+32j+i in bits 4j..4j+3.
-//   One 64-byte load; shifting by 4j and `vpternlogd` (mask 0xF, or 0x3F80) turn nibble j of
-//   all 32 words into the bf16 1 + q/128 (exact: q lands in the low mantissa bits), with no
-//   widening or shuffle, and `vdpbf16ps` multiplies 32 of them into fp32 sums per
-//   instruction: sum_k q x = 128 (sum_k (1 + q/128) x - sum_k x). A K % 128 == 64 tail is one
-//   32-byte block, byte i holding k=i in its low nibble and k=32+i in its high nibble.
+//   One 64-byte load; a shift and a `vpternlogd` per j turn nibble j of all 32 words into the
+//   bf16 1 + q/16 (no widening or shuffle), and `vdpbf16ps` multiplies 32 of them into fp32
+//   sums per instruction, as in lanes64. (1 + q/128, straight from the low bits, saves a
+//   shift but cancels 3 bits more against sum_k x: it moved smollm2's prompt logprobs.) A
+//   K % 128 == 64 tail is one 32-byte block, byte i holding k=i in its low nibble and k=32+i
+//   in its high nibble.
 // Scales are fp32 [N, K/group]; zero points uint8 [N, K/group] or absent (symmetric: 8).
 // Meaning of the codes: w = (q - z) * s, as in edge_infer.quant.primitives.
 //
@@ -459,9 +460,9 @@ void pair_order_x(const float* x, int64_t m, int64_t k, float* out) {
 }
 
 // AVX512-BF16 W4A16 (words128 codes, bf16 activations): R rows against T tokens, 128 codes
-// (one 64-byte line per row) per step. One load, three shifts and four `vpternlogd` make a
-// row's 4 x 32 bf16 weights 1 + q/128, then one `vdpbf16ps` per 32 weights and token adds
-// their products into 16 fp32 sums; y = s_g (128 S_g - (128 + z_g) X_g) per group. Each
+// (one 64-byte line per row) per step. One load, four shifts and four `vpternlogd` make a
+// row's 4 x 32 bf16 weights 1 + q/16, then one `vdpbf16ps` per 32 weights and token adds
+// their products into 16 fp32 sums; y = s_g (16 S_g - (16 + z_g) X_g) per group. Each
 // weight vector serves T tokens and each activation vector R rows, and the R x T (x C) sums are
 // independent chains: the dot's latency, not memory, bounded a one-row one-chain loop at ~13
 // GB/s per core. Groups of 128 (or a multiple) sum into C chains flushed once per group with
@@ -476,7 +477,7 @@ __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, 
                                                               int64_t ys) {
   constexpr int C = R * T >= 8 ? 1 : 2;
   const int64_t row_bytes = w.k / 2;
-  const __m512i nib = _mm512_set1_epi16(0x000F), one = _mm512_set1_epi16(0x3F80);
+  const __m512i nib = _mm512_set1_epi16(0x0078), one = _mm512_set1_epi16(0x3F80);
   const __m512 zero = _mm512_setzero_ps();
   __m512 acc[R][T], h[R][T][C];
   for (int r = 0; r < R; ++r)
@@ -484,9 +485,9 @@ __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, 
       acc[r][t] = zero;
       for (int c = 0; c < C; ++c) h[r][t][c] = zero;
     }
-  // (v & 0xF) | 0x3F80: ternlog A & B | C = 0xEA
+  // nibble at bits 3..6: (v & 0x78) | 0x3F80, ternlog A & B | C = 0xEA
 #define EDGE_BF16_W(V) (__m512bh) _mm512_ternarylogic_epi32(V, nib, one, 0xEA)
-#define EDGE_BF16_S(R_, I) _mm512_set1_ps(128.f * w.s[(row + (R_)) * w.groups + (I)])
+#define EDGE_BF16_S(R_, I) _mm512_set1_ps(16.f * w.s[(row + (R_)) * w.groups + (I)])
 #define EDGE_BF16_XV(T_, OFF) (__m512bh) _mm512_loadu_si512(reinterpret_cast<const void*>(x + (T_) * xs + (OFF)))
   const int64_t steps = w.k / 128;
   for (int64_t p = 0; p < steps; ++p) {
@@ -499,9 +500,8 @@ __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, 
       const uint8_t* pp = w.q + (row + r) * row_bytes + p * 64;
       if (g_prefetch) _mm_prefetch(reinterpret_cast<const char*>(pp + g_prefetch), _MM_HINT_T1);
       const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(pp));
-      const __m512bh w0 = EDGE_BF16_W(v), w1 = EDGE_BF16_W(_mm512_srli_epi16(v, 4));
-      const __m512bh w2 = EDGE_BF16_W(_mm512_srli_epi16(v, 8));
-      const __m512bh w3 = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(v, 12), one);
+      const __m512bh w0 = EDGE_BF16_W(_mm512_slli_epi16(v, 3)), w1 = EDGE_BF16_W(_mm512_srli_epi16(v, 1));
+      const __m512bh w2 = EDGE_BF16_W(_mm512_srli_epi16(v, 5)), w3 = EDGE_BF16_W(_mm512_srli_epi16(v, 9));
       if constexpr (G == 32) {
         const __m512 s0 = EDGE_BF16_S(r, 4 * p), s1 = EDGE_BF16_S(r, 4 * p + 1);
         const __m512 s2 = EDGE_BF16_S(r, 4 * p + 2), s3 = EDGE_BF16_S(r, 4 * p + 3);
@@ -547,7 +547,7 @@ __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, 
     for (int r = 0; r < R; ++r) {
       const uint8_t* pp = w.q + (row + r) * row_bytes + steps * 64;
       const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pp)));
-      const __m512bh wl = EDGE_BF16_W(v), wh = EDGE_BF16_W(_mm512_srli_epi16(v, 4));
+      const __m512bh wl = EDGE_BF16_W(_mm512_slli_epi16(v, 3)), wh = EDGE_BF16_W(_mm512_srli_epi16(v, 1));
       for (int t = 0; t < T; ++t) {
         const __m512 lo = _mm512_dpbf16_ps(zero, wl, EDGE_BF16_XV(t, k0));
         const __m512 hi = _mm512_dpbf16_ps(zero, wh, EDGE_BF16_XV(t, k0 + 32));
@@ -567,7 +567,7 @@ __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, 
     const float* s = w.s + (row + r) * w.groups;
     for (int t = 0; t < T; ++t) {
       float corr = 0.f;
-      for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (128.f + zero_of(w, row + r, g)) * xsum[t * gs + g];
+      for (int64_t g = 0; g < w.groups; ++g) corr += s[g] * (16.f + zero_of(w, row + r, g)) * xsum[t * gs + g];
       // G = 32/64 use h[..][0] as a second accumulator; G >= 128 left it flushed (zero)
       y[t * ys + r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][t], h[r][t][0])) - corr;
     }
