@@ -106,7 +106,8 @@ class _Edge:
     SMALL_M_MAX rows (decode, batched decode) one pass over the codes serves every row (W4A16:
     codes to fp32 in registers and FMA, or to bf16 and `vdpbf16ps` on AVX512-BF16 CPUs; W4A8:
     int8 activations, `vpmaddubsw` int32 dots); more rows (prefill) go to tiles dequantized to
-    fp32 and torch's fp32 GEMM, which on AVX2 runs several times faster than bf16."""
+    fp32 and torch's fp32 GEMM, which on AVX2 runs several times faster than bf16, or, for bf16
+    activations on AVX512-BF16 CPUs (words128), to bf16 tiles and torch's bf16 GEMM."""
 
     isa = ""
     self_check = False
@@ -115,9 +116,10 @@ class _Edge:
     # packed layout (csrc/edge_w4.cpp), measured on a 2-core AMD EPYC (AVX-512, AVX512-BF16),
     # gate_up 6144x1024, ms per call one-pass against GEMM:
     # - lanes64 (W4A16, fp32 FMA): M=32 4.5 / 4.8, M=64 9.0 / 7.7 (bf16 in, AVX2 loop);
-    # - words128 (W4A16, vdpbf16ps): M=128 10.0 / 11.3, M=256 20.3 / 19.8, M=512 49.2 / 39.9;
+    # - words128 (W4A16, vdpbf16ps; bf16 tiles and bf16 GEMM): M=16 0.99 / 1.36, M=32 1.93 / 1.80,
+    #   M=64 3.83 / 2.67, M=512 32.0 / 15.5 (F.linear on dense bf16 weights: 14.9);
     # - blocks32 (W4A8, int8 dots): M=128 10.2 / 17.9, M=512 42.5 / 47.6 (bf16 in).
-    SMALL_M_MAX = {0: 512, 1: 24, 2: 192}
+    SMALL_M_MAX = {0: 512, 1: 24, 2: 24}
     TILE = 512
 
     @classmethod

@@ -1,5 +1,5 @@
-// edge-infer's 4-bit CPU kernels: W4A16 and W4A8 GEMV, and a dequantize-to-fp32 tile for
-// prefill GEMM. One translation unit; each instruction-set path is a function compiled for
+// edge-infer's 4-bit CPU kernels: W4A16 and W4A8 GEMV, and dequantized tiles (fp32, or bf16
+// for bf16 activations on AVX512-BF16 CPUs) for the prefill GEMM. One translation unit; each instruction-set path is a function compiled for
 // its target (GCC/Clang `target` attribute) and chosen at run time, so the same build runs
 // on any x86-64 and a CPU without AVX2 takes the portable path instead of crashing.
 //
@@ -608,6 +608,41 @@ void to_bf16(const float* y, int64_t count, c10::BFloat16* out) {
   at::parallel_for(0, count, int64_t{1} << 16, [&](int64_t a, int64_t b) { to_bf16_range(y, a, b, out); });
 }
 
+// 16 codes (32-bit lanes) of one row at k -> 16 bf16 weights (q - z) s in o[k..k+16).
+__attribute__((target(EDGE_AVX512_BF16))) inline void put16_bf16(const Weights& w, int64_t row, c10::BFloat16* o,
+                                                                 __m512i codes, int64_t k) {
+  const int64_t g = k / w.group;
+  const __m512 f = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(codes), _mm512_set1_ps(zero_of(w, row, g))),
+                                 _mm512_set1_ps(w.s[row * w.groups + g]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + k), (__m256i)_mm512_cvtneps_pbh(f));
+}
+
+// words128 rows [r0, r1) dequantized to bf16, w = (q - z) s rounded to nearest even, into out
+// [r1 - r0, K]: the prefill GEMM's weight tile when the activations are bf16.
+__attribute__((target(EDGE_AVX512_BF16))) void dequant_rows_bf16(const Weights& w, int64_t r0, int64_t r1,
+                                                                 c10::BFloat16* out) {
+  const __m512i m4 = _mm512_set1_epi32(0xF);
+  const int64_t steps = w.k / 128;
+  for (int64_t row = r0; row < r1; ++row) {
+    const uint8_t* q = w.q + row * (w.k / 2);
+    c10::BFloat16* o = out + (row - r0) * w.k;
+    for (int64_t c = 0; c < steps; ++c)
+      for (int h = 0; h < 2; ++h) {  // words 16h..16h+15; nibble j of word i is k = 32j + i
+        const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + c * 64 + 32 * h)));
+        put16_bf16(w, row, o, _mm512_and_si512(v, m4), c * 128 + 16 * h);
+        put16_bf16(w, row, o, _mm512_and_si512(_mm512_srli_epi32(v, 4), m4), c * 128 + 32 + 16 * h);
+        put16_bf16(w, row, o, _mm512_and_si512(_mm512_srli_epi32(v, 8), m4), c * 128 + 64 + 16 * h);
+        put16_bf16(w, row, o, _mm512_srli_epi32(v, 12), c * 128 + 96 + 16 * h);
+      }
+    if (w.k % 128)  // tail: byte i = k i | k 32+i << 4
+      for (int h = 0; h < 2; ++h) {
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + steps * 64 + 16 * h)));
+        put16_bf16(w, row, o, _mm512_and_si512(b, m4), steps * 128 + 16 * h);
+        put16_bf16(w, row, o, _mm512_srli_epi32(b, 4), steps * 128 + 32 + 16 * h);
+      }
+  }
+}
+
 // Rows of words128 codes against M bf16 tokens. A task of 4 rows meets the tokens 4 at a time
 // (2 rows per call), then in pairs (4 rows), then one (4 rows): every call keeps at least 8
 // chains and fits the registers. The last N % 4 rows go one at a time (R = 1).
@@ -1054,6 +1089,33 @@ torch::Tensor gemm_dq_float(const torch::Tensor& x, const Weights& w, int64_t is
   return finish(y, dtype);
 }
 
+// Prefill with bf16 activations (words128 codes, AVX512-BF16 CPUs): tiles dequantized to bf16
+// and torch's bf16 GEMM (oneDNN's `vdpbf16ps` kernels, several times the fp32 GEMM's rate on
+// such CPUs). Out in bf16, as F.linear in bf16 would give.
+torch::Tensor gemm_dq_bf16(const torch::Tensor& x, const Weights& w, int64_t tile) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k && x.scalar_type() == torch::kBFloat16,
+              "edge_w4: bf16 activations [M, ", w.k, "] expected");
+  TORCH_CHECK(tile > 0, "edge_w4: tile must be positive");
+  const int64_t nt = std::min(tile, w.n);
+  auto buf = torch::empty({nt, w.k}, torch::kBFloat16);
+  auto y = torch::empty({x.size(0), w.n}, torch::kBFloat16);
+  for (int64_t r0 = 0; r0 < w.n; r0 += nt) {
+    const int64_t r1 = std::min(w.n, r0 + nt);
+    auto* bp = buf.data_ptr<c10::BFloat16>();
+    at::parallel_for(r0, r1, std::max<int64_t>(1, grain_for(w.k) / 4), [&](int64_t a, int64_t b) {
+#if defined(__x86_64__)
+      dequant_rows_bf16(w, a, b, bp + (a - r0) * w.k);
+#endif
+    });
+    if (r1 - r0 == w.n) {
+      at::mm_out(y, x, buf.t());
+    } else {
+      y.narrow(1, r0, r1 - r0).copy_(at::mm(x, buf.narrow(0, 0, r1 - r0).t()));
+    }
+  }
+  return y;
+}
+
 torch::Tensor gemm_dq(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
                       const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa,
                       int64_t tile) {
@@ -1084,6 +1146,12 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& q, const to
                      int64_t small_m_max, int64_t tile) {
   TORCH_CHECK(x_in.dim() == 2, "edge_w4: activations must be 2-D [M, K]");
   if (x_in.size(0) <= small_m_max) return gemv(x_in, q, s, z, group, layout, isa);
+  if (layout == kWords128 && x_in.scalar_type() == torch::kBFloat16) {
+    TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
+                "edge_w4: the words128 layout needs an AVX512-BF16 CPU and the AVX-512 path");
+    check_isa(isa);
+    return gemm_dq_bf16(x_in.contiguous(), weights(q, s, z, group, layout), tile);
+  }
   const auto [w, x] = gemv_inputs(x_in, q, s, z, group, layout, isa);
   return gemm_dq_float(layout == kBlocks32 ? round_act(x, group) : x, w, isa, tile, x_in.scalar_type());
 }
