@@ -424,3 +424,5 @@ def docs(session: nox.Session) -> None:
     session.run("python", "-m", "edge_harness.report.comparison", str(results),
                 str(ROOT / "docs" / "engines" / "comparison.md"), env=OFFLINE_ENV)
     session.run("python", "tools/readme_headline.py")
+    session.run("python", "tools/decode_ablation.py")
+    session.run("python", "tools/kernel_table.py")

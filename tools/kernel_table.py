@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""docs/analysis/kernels.md's per-shape table, generated from one `bench gemm` run.
+
+Per decode shape of the model: the GB/s of packed weights our AVX-512 kernels stream at M=1
+(W4A16 and W4A8, bf16 activations), bf16 F.linear's at M=1 for scale, and the per-call time of
+our W4A16 kernel at M = 2..16 as a multiple of its M=1 time (batched decode). Medians of the
+run's repetitions. `python3 tools/kernel_table.py` rewrites the block between the markers;
+`--check` fails when the committed block differs from what the records give.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "analysis" / "kernels.md"
+START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end -->"
+RUN = "20261201T092251-5744"
+LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+BATCH = (2, 4, 8, 16)
+
+
+def block(records: list[dict]) -> str:
+    run = [r for r in records if r.get("run_id") == RUN and "layer" in r.get("extra", {})]
+    by = {(r["engine"], r["quant"], r["extra"]["m"], r["extra"]["layer"]): r for r in run}
+
+    def seconds(key) -> float:
+        return statistics.median(by[key]["extra"]["seconds"])
+
+    r0 = run[0]
+    lines = [START, "",
+             f"`{r0['command']}`, run `{RUN}` at commit {r0['git_commit'][:7]}"
+             f"{' (dirty)' if r0['git_dirty'] else ' (clean tree)'}, {r0['threads']} threads on cores "
+             f"{r0['cores']}, guard {', '.join(sorted({r['guard'] for r in run}))}; medians.",
+             "",
+             "| layer | N x K | W4A16 GB/s, M=1 | W4A8 GB/s, M=1 | bf16 F.linear GB/s, M=1 | "
+             + " | ".join(f"W4A16 time M={m} / M=1" for m in BATCH) + " |",
+             "|---|---|---:|---:|---:|" + "---:|" * len(BATCH)]
+    for layer in LAYERS:
+        a16 = by[("edge-avx512", "w4a16", 1, layer)]
+        a8 = by[("edge-avx512", "w4a8", 1, layer)]
+        fl = by[("F.linear", "bf16", 1, layer)]
+        one = seconds(("edge-avx512", "w4a16", 1, layer))
+        ratios = [f"{seconds(('edge-avx512', 'w4a16', m, layer)) / one:.2f}x"
+                  if ("edge-avx512", "w4a16", m, layer) in by else "not run" for m in BATCH]
+        lines.append(f"| {layer} | {a16['extra']['n']}x{a16['extra']['k']} | {a16['achieved_gbs']:.1f} | "
+                     f"{a8['achieved_gbs']:.1f} | {fl['achieved_gbs']:.1f} | " + " | ".join(ratios) + " |")
+    return "\n".join(lines + ["", END])
+
+
+def main() -> int:
+    lines = (ROOT / "docs" / "results" / "bench.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    text = PAGE.read_text()
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    new = head + block(records) + tail
+    if "--check" in sys.argv:
+        if new != text:
+            print(f"{PAGE.relative_to(ROOT)}: the kernel table differs from the records; "
+                  "run python3 tools/kernel_table.py")
+            return 1
+        return 0
+    PAGE.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
