@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "analysis" / "kernels.md"
 START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end -->"
 RUN = "20261201T092251-5744"
+RUN_1T = "20261201T101122-7520"  # the same shapes at M=1 on one thread
 LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 BATCH = (2, 4, 8, 16)
 
@@ -26,6 +27,9 @@ BATCH = (2, 4, 8, 16)
 def block(records: list[dict]) -> str:
     run = [r for r in records if r.get("run_id") == RUN and "layer" in r.get("extra", {})]
     by = {(r["engine"], r["quant"], r["extra"]["m"], r["extra"]["layer"]): r for r in run}
+    one_thread = {(r["quant"], r["extra"]["layer"]): r for r in records
+                  if r.get("run_id") == RUN_1T and r.get("engine") == "edge-avx512"
+                  and r["extra"].get("m") == 1}
 
     def seconds(key) -> float:
         return statistics.median(by[key]["extra"]["seconds"])
@@ -34,11 +38,13 @@ def block(records: list[dict]) -> str:
     lines = [START, "",
              f"`{r0['command']}`, run `{RUN}` at commit {r0['git_commit'][:7]}"
              f"{' (dirty)' if r0['git_dirty'] else ' (clean tree)'}, {r0['threads']} threads on cores "
-             f"{r0['cores']}, guard {', '.join(sorted({r['guard'] for r in run}))}; medians.",
+             f"{r0['cores']}, guard {', '.join(sorted({r['guard'] for r in run}))}; medians. "
+             f"One thread: run `{RUN_1T}`"
+             + (f" (`{next(iter(one_thread.values()))['command']}`)" if one_thread else "") + ".",
              "",
-             "| layer | N x K | W4A16 GB/s, M=1 | W4A8 GB/s, M=1 | bf16 F.linear GB/s, M=1 | "
-             + " | ".join(f"W4A16 time M={m} / M=1" for m in BATCH) + " |",
-             "|---|---|---:|---:|---:|" + "---:|" * len(BATCH)]
+             "| layer | N x K | W4A16 GB/s, M=1 | W4A8 GB/s, M=1 | 1 thread: W4A16 / W4A8 GB/s | "
+             "bf16 F.linear GB/s, M=1 | " + " | ".join(f"W4A16 time M={m} / M=1" for m in BATCH) + " |",
+             "|---|---|---:|---:|---:|---:|" + "---:|" * len(BATCH)]
     for layer in LAYERS:
         a16 = by[("edge-avx512", "w4a16", 1, layer)]
         a8 = by[("edge-avx512", "w4a8", 1, layer)]
@@ -46,8 +52,11 @@ def block(records: list[dict]) -> str:
         one = seconds(("edge-avx512", "w4a16", 1, layer))
         ratios = [f"{seconds(('edge-avx512', 'w4a16', m, layer)) / one:.2f}x"
                   if ("edge-avx512", "w4a16", m, layer) in by else "not run" for m in BATCH]
+        t1 = [one_thread.get((q, layer)) for q in ("w4a16", "w4a8")]
+        single = " / ".join(f"{r['achieved_gbs']:.1f}" if r else "not run" for r in t1)
         lines.append(f"| {layer} | {a16['extra']['n']}x{a16['extra']['k']} | {a16['achieved_gbs']:.1f} | "
-                     f"{a8['achieved_gbs']:.1f} | {fl['achieved_gbs']:.1f} | " + " | ".join(ratios) + " |")
+                     f"{a8['achieved_gbs']:.1f} | {single} | {fl['achieved_gbs']:.1f} | "
+                     + " | ".join(ratios) + " |")
     return "\n".join(lines + ["", END])
 
 
