@@ -11,11 +11,10 @@ when the committed block differs from what the records give.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from generated_block import ROOT, bench_records, cell, rewrite
+
 PAGE = ROOT / "docs" / "analysis" / "decode.md"
 START, END = "<!-- ablation:start (tools/decode_ablation.py) -->", "<!-- ablation:end -->"
 MODEL = "qwen3-0.6b-random"
@@ -38,40 +37,25 @@ def _row(records: list[dict], run: str, options: dict, label: str) -> str:
                 and r.get("extra", {}).get("options", {}) == options)
     ref = next(r for r in tg if (r["engine"], r["quant"]) == ("llama.cpp", "q4_k_m"))
     dirty = " (dirty)" if ours.get("git_dirty") else ""
-
-    def cell(r: dict) -> str:
-        return f"{r['median']:.1f} ({min(r['samples']):.1f}-{max(r['samples']):.1f})"
-
     return (f"| {label} | {cell(ours)} | {1000 / ours['median']:.1f} | {cell(ref)} | "
             f"**{ours['median'] / ref['median']:.2f}x** | `{run}` {ours['git_commit'][:7]}{dirty} |")
 
 
 def block(records: list[dict]) -> str:
-    lines = [START, "",
+    lines = ["",
              f"{MODEL}, ours w4a16-head against llama.cpp Q4_K_M, tg128, 2 threads on cores 0-1, "
              "medians of 3 interleaved repetitions (min-max); the command of each run is in its records.",
              "",
              "| lever | ours tok/s | ms/token | llama.cpp tok/s (same run) | ratio | run, commit |",
              "|---|---:|---:|---:|---:|---|"]
     lines += [_row(records, *lever) for lever in LEVERS]
-    return "\n".join(lines + ["", END])
+    return "\n".join(lines + [""])
 
 
 def main() -> int:
-    lines = (ROOT / "docs" / "results" / "bench.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    text = PAGE.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = head + block(records) + tail
-    if "--check" in sys.argv:
-        if new != text:
-            print(f"{PAGE.relative_to(ROOT)}: the ablation table differs from the records; "
-                  "run python3 tools/decode_ablation.py")
-            return 1
-        return 0
-    PAGE.write_text(new)
-    return 0
+    return rewrite(PAGE, START, END, block(bench_records()), "--check" in sys.argv,
+                   f"{PAGE.relative_to(ROOT)}: the ablation table differs from the records; "
+                   "run python3 tools/decode_ablation.py")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ run's repetitions. `python3 tools/kernel_table.py` rewrites the block between th
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from generated_block import ROOT, bench_records, rewrite
+
 PAGE = ROOT / "docs" / "analysis" / "kernels.md"
 START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end -->"
 RUN = "20261201T092251-5744"
@@ -35,7 +34,7 @@ def block(records: list[dict]) -> str:
         return statistics.median(by[key]["extra"]["seconds"])
 
     r0 = run[0]
-    lines = [START, "",
+    lines = ["",
              f"`{r0['command']}`, run `{RUN}` at commit {r0['git_commit'][:7]}"
              f"{' (dirty)' if r0['git_dirty'] else ' (clean tree)'}, {r0['threads']} threads on cores "
              f"{r0['cores']}, guard {', '.join(sorted({r['guard'] for r in run}))}; medians. "
@@ -57,24 +56,13 @@ def block(records: list[dict]) -> str:
         lines.append(f"| {layer} | {a16['extra']['n']}x{a16['extra']['k']} | {a16['achieved_gbs']:.1f} | "
                      f"{a8['achieved_gbs']:.1f} | {single} | {fl['achieved_gbs']:.1f} | "
                      + " | ".join(ratios) + " |")
-    return "\n".join(lines + ["", END])
+    return "\n".join(lines + [""])
 
 
 def main() -> int:
-    lines = (ROOT / "docs" / "results" / "bench.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines if line.strip()]
-    text = PAGE.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = head + block(records) + tail
-    if "--check" in sys.argv:
-        if new != text:
-            print(f"{PAGE.relative_to(ROOT)}: the kernel table differs from the records; "
-                  "run python3 tools/kernel_table.py")
-            return 1
-        return 0
-    PAGE.write_text(new)
-    return 0
+    return rewrite(PAGE, START, END, block(bench_records()), "--check" in sys.argv,
+                   f"{PAGE.relative_to(ROOT)}: the kernel table differs from the records; "
+                   "run python3 tools/kernel_table.py")
 
 
 if __name__ == "__main__":

@@ -10,11 +10,10 @@ committed block differs from what the records give.
 
 from __future__ import annotations
 
-import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from generated_block import ROOT, bench_records, cell, rewrite
+
 START, END = "<!-- headline:start (tools/readme_headline.py) -->", "<!-- headline:end -->"
 MODELS = ("qwen3-0.6b-random", "spark-x2.5-1.7b-random")
 OURS, THEIRS = ("ours", "w4a16-head"), ("llama.cpp", "q4_k_m")
@@ -34,10 +33,6 @@ def newest_pair_run(records: list[dict], model: str) -> list[dict]:
     return max(paired, key=lambda rs: max(r["timestamp"] for r in rs), default=[])
 
 
-def _cell(r: dict) -> str:
-    return f"{r['median']:.1f} ({min(r['samples']):.1f}-{max(r['samples']):.1f})"
-
-
 def table(run: list[dict], model: str) -> str:
     by = {(_key(r), r["test"]): r for r in run}
     lines = [f"**{model}**, run `{run[0]['run_id']}`:", "",
@@ -46,7 +41,7 @@ def table(run: list[dict], model: str) -> str:
     for test in ("tg128", "pp512"):
         a, b = by.get((OURS, test)), by.get((THEIRS, test))
         if a and b:
-            lines.append(f"| {test} | {_cell(a)} | {_cell(b)} | **{a['median'] / b['median']:.2f}x** |")
+            lines.append(f"| {test} | {cell(a)} | {cell(b)} | **{a['median'] / b['median']:.2f}x** |")
     tg = by.get((OURS, "tg128")), by.get((THEIRS, "tg128"))
     r = run[0]
     facts = [
@@ -69,20 +64,8 @@ def render(records: list[dict]) -> str:
 
 
 def main() -> int:
-    records = [json.loads(line) for line in
-               (ROOT / "docs/results/bench.jsonl").read_text().splitlines() if line.strip()]
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{START}\n{render(records)}\n{END}{tail}"
-    if "--check" in sys.argv:
-        if new != text:
-            print("README.md: the headline is stale; run python3 tools/readme_headline.py")
-            return 1
-        return 0
-    readme.write_text(new)
-    return 0
+    return rewrite(ROOT / "README.md", START, END, render(bench_records()), "--check" in sys.argv,
+                   "README.md: the headline is stale; run python3 tools/readme_headline.py")
 
 
 if __name__ == "__main__":
