@@ -94,6 +94,13 @@ struct Weights {
   int64_t layout;
 };
 
+// The words128 layout's kernels need AVX512-BF16 and the AVX-512 path.
+void check_words128(int64_t isa) {
+  TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
+              "edge_w4: the words128 layout needs an AVX512-BF16 CPU and the AVX-512 path");
+  check_isa(isa);
+}
+
 Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
                 int64_t group, int64_t layout) {
   TORCH_CHECK(layout == kBlocks32 || layout == kLanes64 || layout == kWords128, "edge_w4: unknown layout ",
@@ -1009,9 +1016,7 @@ std::pair<Weights, torch::Tensor> gemv_inputs(const torch::Tensor& x_in, const t
 torch::Tensor gemv(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
                    const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa) {
   if (layout == kWords128) {  // bf16 activations straight into vdpbf16ps
-    TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
-                "edge_w4: the words128 layout needs an AVX512-BF16 CPU and the AVX-512 path");
-    check_isa(isa);
+    check_words128(isa);
     const Weights w = weights(q, s, z, group, layout);
     TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
     const torch::Tensor x = x_in.to(torch::kBFloat16).contiguous();
@@ -1067,46 +1072,20 @@ torch::Tensor dequantize(const torch::Tensor& q, const torch::Tensor& s, const c
   return out;
 }
 
-// Prefill: fp32 x [M, K] against the codes, a tile of `tile` rows at a time dequantized to
-// fp32 and multiplied by torch's fp32 GEMM. The tile bounds the scratch memory (an LM head of
-// 151936 rows would otherwise need its whole fp32 copy). Out in `dtype`.
-torch::Tensor gemm_dq_float(const torch::Tensor& x, const Weights& w, int64_t isa, int64_t tile,
-                            c10::ScalarType dtype) {
+// Prefill: x [M, K] against the codes, a tile of `tile` rows at a time dequantized by
+// fill(r0, r1, buf) into a buffer of x's dtype and multiplied by torch's GEMM in that dtype.
+// The tile bounds the scratch memory (an LM head of 151936 rows would otherwise need its whole
+// dequantized copy). Out in x's dtype.
+template <typename Fill>
+torch::Tensor gemm_tiles(const torch::Tensor& x, const Weights& w, int64_t tile, Fill fill) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
   TORCH_CHECK(tile > 0, "edge_w4: tile must be positive");
   const int64_t nt = std::min(tile, w.n);
-  auto buf = torch::empty({nt, w.k}, torch::kFloat);
-  auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
+  auto buf = torch::empty({nt, w.k}, x.scalar_type());
+  auto y = torch::empty({x.size(0), w.n}, x.scalar_type());
   for (int64_t r0 = 0; r0 < w.n; r0 += nt) {
     const int64_t r1 = std::min(w.n, r0 + nt);
-    dequant_into(w, r0, r1, buf.data_ptr<float>(), isa);
-    if (r1 - r0 == w.n) {
-      at::mm_out(y, x, buf.t());
-    } else {
-      y.narrow(1, r0, r1 - r0).copy_(at::mm(x, buf.narrow(0, 0, r1 - r0).t()));
-    }
-  }
-  return finish(y, dtype);
-}
-
-// Prefill with bf16 activations (words128 codes, AVX512-BF16 CPUs): tiles dequantized to bf16
-// and torch's bf16 GEMM (oneDNN's `vdpbf16ps` kernels, several times the fp32 GEMM's rate on
-// such CPUs). Out in bf16, as F.linear in bf16 would give.
-torch::Tensor gemm_dq_bf16(const torch::Tensor& x, const Weights& w, int64_t tile) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k && x.scalar_type() == torch::kBFloat16,
-              "edge_w4: bf16 activations [M, ", w.k, "] expected");
-  TORCH_CHECK(tile > 0, "edge_w4: tile must be positive");
-  const int64_t nt = std::min(tile, w.n);
-  auto buf = torch::empty({nt, w.k}, torch::kBFloat16);
-  auto y = torch::empty({x.size(0), w.n}, torch::kBFloat16);
-  for (int64_t r0 = 0; r0 < w.n; r0 += nt) {
-    const int64_t r1 = std::min(w.n, r0 + nt);
-    auto* bp = buf.data_ptr<c10::BFloat16>();
-    at::parallel_for(r0, r1, std::max<int64_t>(1, grain_for(w.k) / 4), [&](int64_t a, int64_t b) {
-#if defined(__x86_64__)
-      dequant_rows_bf16(w, a, b, bp + (a - r0) * w.k);
-#endif
-    });
+    fill(r0, r1, buf);
     if (r1 - r0 == w.n) {
       at::mm_out(y, x, buf.t());
     } else {
@@ -1114,6 +1093,31 @@ torch::Tensor gemm_dq_bf16(const torch::Tensor& x, const Weights& w, int64_t til
     }
   }
   return y;
+}
+
+// fp32 x, fp32 tiles and torch's fp32 GEMM; out in `dtype`.
+torch::Tensor gemm_dq_float(const torch::Tensor& x, const Weights& w, int64_t isa, int64_t tile,
+                            c10::ScalarType dtype) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat, "edge_w4: fp32 activations expected");
+  return finish(gemm_tiles(x, w, tile, [&](int64_t r0, int64_t r1, torch::Tensor& buf) {
+                  dequant_into(w, r0, r1, buf.data_ptr<float>(), isa);
+                }),
+                dtype);
+}
+
+// Prefill with bf16 activations (words128 codes, AVX512-BF16 CPUs): tiles dequantized to bf16
+// and torch's bf16 GEMM (oneDNN's `vdpbf16ps` kernels, several times the fp32 GEMM's rate on
+// such CPUs). Out in bf16, as F.linear in bf16 would give.
+torch::Tensor gemm_dq_bf16(const torch::Tensor& x, const Weights& w, int64_t tile) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "edge_w4: bf16 activations expected");
+  return gemm_tiles(x, w, tile, [&](int64_t r0, int64_t r1, torch::Tensor& buf) {
+    auto* bp = buf.data_ptr<c10::BFloat16>();
+    at::parallel_for(r0, r1, std::max<int64_t>(1, grain_for(w.k) / 4), [&](int64_t a, int64_t b) {
+#if defined(__x86_64__)
+      dequant_rows_bf16(w, a, b, bp + (a - r0) * w.k);
+#endif
+    });
+  });
 }
 
 torch::Tensor gemm_dq(const torch::Tensor& x_in, const torch::Tensor& q, const torch::Tensor& s,
@@ -1147,9 +1151,7 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& q, const to
   TORCH_CHECK(x_in.dim() == 2, "edge_w4: activations must be 2-D [M, K]");
   if (x_in.size(0) <= small_m_max) return gemv(x_in, q, s, z, group, layout, isa);
   if (layout == kWords128 && x_in.scalar_type() == torch::kBFloat16) {
-    TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
-                "edge_w4: the words128 layout needs an AVX512-BF16 CPU and the AVX-512 path");
-    check_isa(isa);
+    check_words128(isa);
     return gemm_dq_bf16(x_in.contiguous(), weights(q, s, z, group, layout), tile);
   }
   const auto [w, x] = gemv_inputs(x_in, q, s, z, group, layout, isa);
