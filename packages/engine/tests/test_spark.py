@@ -375,3 +375,26 @@ def test_w4a16_checkpoint_runs_our_kernels(vllm_w4_bf16, vllm_bf16, reference, i
     # whose bf16 floor is below them
     assert kl.mean().item() <= max(1e-3, 2 * floor_kl.mean().item()), kl.mean()
     assert same_top >= min(0.9, floor_top - 0.05), same_top
+
+
+def test_fused_decode_past_the_window(w4_model, subject, ids, vllm_env_set):
+    """Decode steps through the fused path (edge_infer.vllm_ext.fused: the head gate, GELU,
+    partial rope and sliding layers of this class) score the tokens they generate as the
+    class's own forward does when the same tokens come as one prompt; the decode runs past
+    the window, so sliding layers drop keys while it runs."""
+    from conftest import decode_against_scoring
+    from edge_infer.serve.offline import make_llm
+
+    if subject.name != "small":
+        pytest.skip("decode check on the small model only")
+    llm = make_llm(Resolved(w4_model, "spark", profiles.load("spark-x2.5-1.7b-random")),
+                   prefix_caching=False, dtype="bfloat16", max_model_len=512,
+                   enforce_eager=True)
+    try:
+        prompt = ids[: subject.window // 2]
+        diffs, steps = decode_against_scoring(llm, prompt, subject.window + 16)
+        assert steps >= subject.window + 15
+        assert sum(diffs) / len(diffs) < 0.05 and max(diffs) < 0.3, diffs
+    finally:
+        del llm
+        gc.collect()

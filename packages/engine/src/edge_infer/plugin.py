@@ -59,3 +59,9 @@ def register_models() -> None:
             log.info("vLLM ships %s: edge-infer's implementation stands down", arch)
             continue
         ModelRegistry.register_model(arch, target)
+    # vLLM's own Llama-family classes, with our fused decode path in front of their forward
+    # (edge_infer.vllm_ext.fused; off with EDGE_INFER_FUSED_DECODE=0)
+    from edge_infer.vllm_ext import fused
+
+    for arch in fused.WRAPPED:
+        ModelRegistry.register_model(arch, f"edge_infer.vllm_ext.fused:{arch}")

@@ -1,4 +1,5 @@
-"""Build (once, cached) and load edge-infer's C++ kernels (`csrc/edge_w4.cpp`).
+"""Build (once, cached) and load edge-infer's C++ kernels (`csrc/edge_w4.cpp`, the 4-bit
+linear, and `csrc/edge_layer.cpp`, the fused decoder-layer ops around it).
 
 Compiled from source on first use through `torch.utils.cpp_extension` (no prebuilt
 binaries): the build lands under `<edge-infer home>/kernels/<torch version>-<source hash>`,
@@ -20,13 +21,13 @@ from pathlib import Path
 from edge_infer.home import home
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("csrc") / "edge_w4.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / f for f in ("edge_w4.cpp", "edge_layer.cpp"))
 
 
 def build_dir() -> Path:
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES)).hexdigest()[:12]
     return home() / "kernels" / f"torch{torch.__version__}-{digest}"
 
 
@@ -48,8 +49,9 @@ def _import_built(path: Path):
 @functools.cache
 def load():
     """The compiled module; builds it if this source/torch pair has not been built yet."""
-    if not SOURCE.is_file():
-        raise FileNotFoundError(f"kernel source missing: {SOURCE} (broken install?)")
+    for src in SOURCES:
+        if not src.is_file():
+            raise FileNotFoundError(f"kernel source missing: {src} (broken install?)")
     where = build_dir()
     built = where / f"{NAME}.so"
     if built.is_file():
@@ -64,7 +66,7 @@ def load():
     flags = ["-O3", "-fopenmp", "-DNDEBUG"]
     module = ce.load(
         name=NAME,
-        sources=[str(SOURCE)],
+        sources=[str(src) for src in SOURCES],
         extra_cflags=flags,
         extra_ldflags=["-fopenmp"],
         build_directory=str(where),

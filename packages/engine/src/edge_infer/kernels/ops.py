@@ -24,3 +24,16 @@ def load() -> None:
     @torch.library.register_fake("edge_w4::linear")
     def _(x, q, s, z, group, layout, isa, small_m_max, tile):
         return x.new_empty((x.shape[0], q.shape[0]))
+
+    # the fused decoder-layer ops (csrc/edge_layer.cpp; used by edge_infer.vllm_ext.fused)
+    @torch.library.register_fake("edge_w4::attn_in")
+    def _(residual, x, ln, eps, wq, ws, wz, meta, q_norm, k_norm, head_eps, cos_sin, positions,
+          nq, nkv, d, rot, gate_w):
+        m = residual.shape[0]
+        gates = residual.new_empty((m, nq) if gate_w is not None else (0,))
+        return residual.new_empty((m, (nq + 2 * nkv) * d)), gates
+
+    @torch.library.register_fake("edge_w4::mlp_out")
+    def _(residual, attn, oq, os, oz, ometa, ln, eps, gq, gs, gz, gmeta, dq, ds, dz, dmeta, act,
+          head_gate):
+        return residual.new_empty(residual.shape)

