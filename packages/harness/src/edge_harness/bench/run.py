@@ -36,7 +36,7 @@ from edge_infer.errors import UsageError
 from edge_infer.kernels.cpu import fingerprint
 
 OPTION_TYPES = {"threads": int, "prefix_caching": bool, "kv_cache_gib": int, "act_dtype": str,
-                "compiled": bool}
+                "compiled": bool, "fused": bool}
 
 
 @dataclass(frozen=True)
