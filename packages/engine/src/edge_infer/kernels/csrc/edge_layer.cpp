@@ -28,6 +28,78 @@ namespace {
 
 using bf16 = c10::BFloat16;
 
+// exp(x) with AVX2 as 2^n p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the degree-6 Taylor
+// polynomial (relative error ~2e-7, far below bf16's 4e-3).
+__attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) __m256 load_bf16_avx2(const bf16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// fp32 -> bf16, round to nearest even (finite inputs), as c10::BFloat16's constructor
+__attribute__((target("avx2,fma"))) __m256 round_bf16_avx2(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
+}
+
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+__attribute__((target("avx2,fma"))) void store_bf16_avx2(bf16* p, __m256 v) {
+  // v already rounded to bf16 (round_bf16_avx2): keep the high halves, 8 words
+  const __m256i y = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(y, _mm256_setzero_si256()), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+
+__attribute__((target("avx2,fma"))) float hsum_avx2(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+// sum_i a[i] b[i], bf16 inputs, fp32 sums
+__attribute__((target("avx2,fma"))) float dot_bf16_avx2(const bf16* a, const bf16* b, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 = _mm256_fmadd_ps(load_bf16_avx2(a + i), load_bf16_avx2(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(load_bf16_avx2(a + i + 8), load_bf16_avx2(b + i + 8), acc1);
+  }
+  float sum = hsum_avx2(_mm256_add_ps(acc0, acc1));
+  for (; i < n; ++i) sum += static_cast<float>(a[i]) * static_cast<float>(b[i]);
+  return sum;
+}
+
+float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
+  if (has_avx2()) return dot_bf16_avx2(a, b, n);
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<float>(a[i]) * static_cast<float>(b[i]);
+  return sum;
+}
+
 // One 4-bit linear as the fused ops receive it: codes, scales, zero points and the five
 // integers of edge_w4::linear (group, layout, isa, small_m_max, tile).
 torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& s,
@@ -44,17 +116,36 @@ void check_rows(const torch::Tensor& t, int64_t cols, const char* what) {
 // residual += x (x may be absent: the first layer's residual is the embedding), then
 // out = bf16(rmsnorm(residual) * w). The sum is rounded to bf16 before it is normed, as the
 // eager model keeps its residual stream in bf16.
-void add_rms(const bf16* x, bf16* res, const float* w, double eps, int64_t k, bf16* out) {
-  std::vector<float> v(k);
-  double sq = 0.0;
+void add_rms_portable(const bf16* x, bf16* res, const float* w, double eps, int64_t k, bf16* out) {
+  float sq = 0.f;
   for (int64_t i = 0; i < k; ++i) {
-    const float r = static_cast<float>(bf16(static_cast<float>(res[i]) + (x ? static_cast<float>(x[i]) : 0.f)));
-    res[i] = bf16(r);
-    v[i] = r;
-    sq += static_cast<double>(r) * r;
+    res[i] = bf16(static_cast<float>(res[i]) + (x ? static_cast<float>(x[i]) : 0.f));
+    const float r = static_cast<float>(res[i]);
+    sq += r * r;
   }
-  const float scale = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(k) + eps));
-  for (int64_t i = 0; i < k; ++i) out[i] = bf16(v[i] * scale * w[i]);
+  const float scale = 1.f / std::sqrt(sq / static_cast<float>(k) + static_cast<float>(eps));
+  for (int64_t i = 0; i < k; ++i) out[i] = bf16(static_cast<float>(res[i]) * scale * w[i]);
+}
+
+__attribute__((target("avx2,fma"))) void add_rms_avx2(const bf16* x, bf16* res, const float* w,
+                                                        double eps, int64_t k, bf16* out) {
+  __m256 sq = _mm256_setzero_ps();
+  for (int64_t i = 0; i < k; i += 8) {
+    __m256 r = load_bf16_avx2(res + i);
+    if (x) r = round_bf16_avx2(_mm256_add_ps(r, load_bf16_avx2(x + i)));
+    store_bf16_avx2(res + i, r);
+    sq = _mm256_fmadd_ps(r, r, sq);
+  }
+  const __m256 scale = _mm256_set1_ps(1.f / std::sqrt(hsum_avx2(sq) / static_cast<float>(k) + static_cast<float>(eps)));
+  for (int64_t i = 0; i < k; i += 8) {
+    const __m256 v = _mm256_mul_ps(_mm256_mul_ps(load_bf16_avx2(res + i), scale), _mm256_loadu_ps(w + i));
+    store_bf16_avx2(out + i, round_bf16_avx2(v));
+  }
+}
+
+void add_rms(const bf16* x, bf16* res, const float* w, double eps, int64_t k, bf16* out) {
+  if (has_avx2() && k % 8 == 0) return add_rms_avx2(x, res, w, eps, k, out);
+  add_rms_portable(x, res, w, eps, k, out);
 }
 
 // In place on one head of `d` values: optional RMS norm (weight w), then NeoX rope over the
@@ -128,9 +219,7 @@ std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c
     for (int64_t r = 0; r < m; ++r) {
       const bf16* hr = h.data_ptr<bf16>() + r * hidden;
       for (int64_t j = 0; j < nq; ++j) {
-        float acc = 0.f;
-        for (int64_t i = 0; i < hidden; ++i) acc += static_cast<float>(hr[i]) * static_cast<float>(gw[j * hidden + i]);
-        const float logit = static_cast<float>(bf16(acc));  // the eager linear's bf16 output
+        const float logit = static_cast<float>(bf16(dot_bf16(hr, gw + j * hidden, hidden)));  // bf16, as the eager linear
         gates.data_ptr<bf16>()[r * nq + j] = bf16(1.f / (1.f + std::exp(-logit)));
       }
     }
@@ -166,38 +255,6 @@ void act_mul_portable(const bf16* gate, const bf16* up, int64_t f, int64_t act, 
   }
 }
 
-// exp(x) with AVX2 as 2^n p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the degree-6 Taylor
-// polynomial (relative error ~2e-7, far below bf16's 4e-3).
-__attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.f)), _mm256_set1_ps(88.f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 120));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 24));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f / 6));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-__attribute__((target("avx2,fma"))) __m256 load_bf16_avx2(const bf16* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-// fp32 -> bf16, round to nearest even (finite inputs), as c10::BFloat16's constructor
-__attribute__((target("avx2,fma"))) __m256 round_bf16_avx2(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-  return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
-}
-
 // exact GELU 0.5 g (1 + erf(g / sqrt 2)), erf by Abramowitz & Stegun 7.1.26 (absolute error
 // below 1.5e-7): erf|x| = 1 - t (a1 + t (a2 + ... a5)) exp(-x^2), t = 1 / (1 + p |x|).
 __attribute__((target("avx2,fma"))) __m256 gelu_avx2(__m256 g) {
@@ -227,17 +284,13 @@ __attribute__((target("avx2,fma"))) void act_mul_avx2(const bf16* gate, const bf
   for (; i + 8 <= f; i += 8) {
     const __m256 g = load_bf16_avx2(gate + i);
     const __m256 a = round_bf16_avx2(act == 0 ? silu_avx2(g) : gelu_avx2(g));
-    const __m256i y = _mm256_castps_si256(round_bf16_avx2(_mm256_mul_ps(a, load_bf16_avx2(up + i))));
-    const __m256i packed = _mm256_packus_epi32(_mm256_srli_epi32(y, 16), _mm256_setzero_si256());
-    const __m256i ordered = _mm256_permute4x64_epi64(packed, 0x08);  // lanes 0 and 2: 8 words
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm256_castsi256_si128(ordered));
+    store_bf16_avx2(out + i, round_bf16_avx2(_mm256_mul_ps(a, load_bf16_avx2(up + i))));
   }
   act_mul_portable(gate + i, up + i, f - i, act, out + i);
 }
 
 void act_mul(const bf16* gate, const bf16* up, int64_t f, int64_t act, bf16* out) {
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (avx2) return act_mul_avx2(gate, up, f, act, out);
+  if (has_avx2()) return act_mul_avx2(gate, up, f, act, out);
   act_mul_portable(gate, up, f, act, out);
 }
 
