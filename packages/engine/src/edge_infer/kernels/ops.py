@@ -33,6 +33,10 @@ def load() -> None:
         gates = residual.new_empty((m, nq) if gate_w is not None else (0,))
         return residual.new_empty((m, (nq + 2 * nkv) * d)), gates
 
+    @torch.library.register_fake("edge_w4::decode_layer")
+    def _(residual, *args):
+        return residual.new_empty(residual.shape)
+
     @torch.library.register_fake("edge_w4::mlp_out")
     def _(residual, attn, oq, os, oz, ometa, ln, eps, gq, gs, gz, gmeta, dq, ds, dz, dmeta, act,
           head_gate):

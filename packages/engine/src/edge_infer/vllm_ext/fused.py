@@ -1,16 +1,17 @@
-"""The fused decode path: a decode step in three calls per decoder layer.
+"""The fused decode path: a decode step in one op per decoder layer.
 
 In a compiled decode step of qwen3-0.6b (docs/results/profile.md) our 4-bit GEMVs took 58%
 of the time; most of the rest was dispatch: inductor's wrapper calling ~10 ops per layer
 (norms, rope and activation cost microseconds of arithmetic each) and vLLM's attention
 wrappers looking the layer up in the forward context. For a step whose requests all decode
-one token (`max_query_len == 1`), this path runs each layer as
-    edge_w4::attn_in   residual add, RMS norm, QKV GEMV, per-head q/k norm, rope
-    vLLM's own CPU attention (its KV-cache write and attention over the cache)
-    edge_w4::mlp_out   o_proj GEMV, residual add, RMS norm, gate_up GEMV, activation, down GEMV
-(csrc/edge_layer.cpp), eager, with each layer's weights and attention arguments gathered
-once. Everything else stays vLLM's: the scheduler, the KV cache and its layout, attention
-itself, the final norm, the LM head and sampling. Prefill and mixed steps, and any model this
+one token (`max_query_len == 1`), this path runs each layer as one op, edge_w4::decode_layer
+(csrc/edge_layer.cpp):
+    attn_in    residual add, RMS norm, QKV GEMV, per-head q/k norm, rope (and a head gate)
+    vLLM's own CPU attention ops (its KV-cache write and attention over the cache)
+    mlp_out    o_proj GEMV, residual add, RMS norm, gate_up GEMV, activation, down GEMV
+eager, with each layer's weights and attention constants gathered once. Everything else
+stays vLLM's: the scheduler, the KV cache and its layout, attention itself, the final norm,
+the LM head and sampling. Prefill and mixed steps, and any model this
 path does not cover, run vLLM's (compiled) forward unchanged, which is also the reference the
 tests hold this path to.
 
@@ -119,6 +120,14 @@ class Layer:
     gate_w: torch.Tensor | None  # per-head output gate (Spark-X2.5's g_proj), bf16 [nq, H]
 
     _views: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        # edge_w4::decode_layer's arguments before the step's and after the attention's
+        self.head = (self.ln1, self.eps1, self.qkv.q, self.qkv.s, self.qkv.z, self.qkv.meta,
+                     self.q_norm, self.k_norm, self.head_eps, self.cos_sin)
+        self.tail = (self.o.q, self.o.s, self.o.z, self.o.meta, self.ln2, self.eps2,
+                     self.gate_up.q, self.gate_up.s, self.gate_up.z, self.gate_up.meta,
+                     self.down.q, self.down.s, self.down.z, self.down.meta, self.act)
 
     def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V views of this layer's cache block tensor, as the backend makes them
@@ -234,36 +243,16 @@ class FusedDecode:
             return None
         residual = residual.reshape(-1, residual.shape[-1]).clone()
         positions = positions.reshape(-1)
-        m = residual.shape[0]
-        edge = torch.ops.edge_w4
-        cpu_attn_reshape_and_cache = torch.ops._C.cpu_attn_reshape_and_cache
-        cpu_attention_with_kv_cache = torch.ops._C.cpu_attention_with_kv_cache
+        decode_layer = torch.ops.edge_w4.decode_layer
         x = None
         for lay in self.layers:
-            qkv, gates = edge.attn_in(residual, x, lay.ln1, lay.eps1, lay.qkv.q, lay.qkv.s,
-                                      lay.qkv.z, lay.qkv.meta, lay.q_norm, lay.k_norm,
-                                      lay.head_eps, lay.cos_sin, positions, self.nq, self.nkv,
-                                      self.d, lay.rot, lay.gate_w)
-            q = qkv[:, : self.q_size].view(m, self.nq, self.d)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(m, self.nkv, self.d)
-            v = qkv[:, self.q_size + self.kv_size :].view(m, self.nkv, self.d)
             kc, vc = lay.caches()
             meta = metas[lay.name]
-            n = meta.num_actual_tokens
-            out = torch.empty(m, self.nq, self.d, dtype=torch.bfloat16)
-            # CPUAttentionBackendImpl.do_kv_cache_update and .forward (decoder attention,
-            # checked in Layer.of), with the cache views and constants resolved once
-            cpu_attn_reshape_and_cache(k, v, kc, vc, slots[lay.name], lay.isa, lay.k_scale,
-                                       lay.v_scale, "auto")
-            cpu_attention_with_kv_cache(
-                q[:n], kc, vc, out[:n], meta.query_start_loc, meta.seq_lens, lay.scale,
-                meta.causal, lay.alibi, lay.window, meta.block_table, lay.softcap,
-                meta.scheduler_metadata, None, meta.dynamic_causal, lay.k_scale, lay.v_scale,
-                "auto")
-            x = edge.mlp_out(residual, out.view(m, self.q_size), lay.o.q, lay.o.s, lay.o.z,
-                             lay.o.meta, lay.ln2, lay.eps2, lay.gate_up.q, lay.gate_up.s,
-                             lay.gate_up.z, lay.gate_up.meta, lay.down.q, lay.down.s, lay.down.z,
-                             lay.down.meta, lay.act, gates)
+            x = decode_layer(residual, x, *lay.head, positions, self.nq, self.nkv, self.d, lay.rot,
+                             lay.gate_w, kc, vc, slots[lay.name], lay.isa, lay.k_scale, lay.v_scale,
+                             meta.query_start_loc, meta.seq_lens, lay.scale, meta.causal, lay.alibi,
+                             lay.window, meta.block_table, lay.softcap, meta.scheduler_metadata,
+                             meta.dynamic_causal, meta.num_actual_tokens, *lay.tail)
         hidden, _ = self.inner.norm(x, residual)
         self.steps += 1
         return hidden

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -344,9 +345,69 @@ torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const t
   return apply(a, dq, ds, dz, dmeta);
 }
 
+// vLLM's CPU attention ops (its _C library, loaded by vLLM before any model runs), called
+// boxed: the schema is vLLM's, so the arguments go as on its Python side.
+void call_vllm(const char* name, torch::jit::Stack stack) {
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  op.callBoxed(&stack);
+}
+
+// One decoder layer of a decode step in one call: attn_in, then vLLM's KV-cache write and
+// attention over the cache (what CPUAttentionBackendImpl.do_kv_cache_update and .forward
+// call for decoder self-attention), then mlp_out. Returns the layer's output x.
+torch::Tensor decode_layer(
+    torch::Tensor residual, const c10::optional<torch::Tensor>& x, const torch::Tensor& ln, double eps,
+    const torch::Tensor& wq, const torch::Tensor& ws, const c10::optional<torch::Tensor>& wz,
+    c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
+    const c10::optional<torch::Tensor>& k_norm, double head_eps, const torch::Tensor& cos_sin,
+    const torch::Tensor& positions, int64_t nq, int64_t nkv, int64_t d, int64_t rot,
+    const c10::optional<torch::Tensor>& gate_w,
+    // attention: the cache views, this step's metadata and the layer's constants
+    torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
+    const std::string& isa, double k_scale, double v_scale, const torch::Tensor& query_start_loc,
+    const torch::Tensor& seq_lens, double scale, bool causal, const c10::optional<torch::Tensor>& alibi,
+    int64_t window, const torch::Tensor& block_table, double softcap,
+    const torch::Tensor& scheduler_metadata, const c10::optional<torch::Tensor>& dynamic_causal,
+    int64_t num_actual_tokens,
+    // the MLP half
+    const torch::Tensor& oq, const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
+    c10::IntArrayRef ometa, const torch::Tensor& ln2, double eps2, const torch::Tensor& gq,
+    const torch::Tensor& gs, const c10::optional<torch::Tensor>& gz, c10::IntArrayRef gmeta,
+    const torch::Tensor& dq, const torch::Tensor& ds, const c10::optional<torch::Tensor>& dz,
+    c10::IntArrayRef dmeta, int64_t act) {
+  auto [qkv, gates] = attn_in(residual, x, ln, eps, wq, ws, wz, meta, q_norm, k_norm, head_eps,
+                              cos_sin, positions, nq, nkv, d, rot, gate_w);
+  const int64_t m = residual.size(0);
+  TORCH_CHECK(num_actual_tokens >= 0 && num_actual_tokens <= m, "edge_w4: num_actual_tokens out of range");
+  auto q = qkv.narrow(1, 0, nq * d).view({m, nq, d});
+  auto k = qkv.narrow(1, nq * d, nkv * d).view({m, nkv, d});
+  auto v = qkv.narrow(1, (nq + nkv) * d, nkv * d).view({m, nkv, d});
+  call_vllm("_C::cpu_attn_reshape_and_cache",
+            {k, v, key_cache, value_cache, slot_mapping, isa, k_scale, v_scale, std::string("auto")});
+  auto out = torch::empty({m, nq, d}, residual.options());
+  auto none = c10::IValue();
+  call_vllm("_C::cpu_attention_with_kv_cache",
+            {q.narrow(0, 0, num_actual_tokens), key_cache, value_cache, out.narrow(0, 0, num_actual_tokens),
+             query_start_loc, seq_lens, scale, causal, alibi.has_value() ? c10::IValue(*alibi) : none,
+             window, block_table, softcap, scheduler_metadata, none,
+             dynamic_causal.has_value() ? c10::IValue(*dynamic_causal) : none, k_scale, v_scale,
+             std::string("auto")});
+  return mlp_out(residual, out.view({m, nq * d}), oq, os, oz, ometa, ln2, eps2, gq, gs, gz, gmeta, dq,
+                 ds, dz, dmeta, act, gates.numel() ? c10::optional<torch::Tensor>(gates) : c10::nullopt);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(edge_w4, m) {
+  m.def("decode_layer(Tensor(a!) residual, Tensor? x, Tensor ln, float eps, Tensor wq, Tensor ws, "
+        "Tensor? wz, int[] meta, Tensor? q_norm, Tensor? k_norm, float head_eps, Tensor cos_sin, "
+        "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w, "
+        "Tensor(b!) key_cache, Tensor(c!) value_cache, Tensor slot_mapping, str isa, float k_scale, "
+        "float v_scale, Tensor query_start_loc, Tensor seq_lens, float scale, bool causal, "
+        "Tensor? alibi, int window, Tensor block_table, float softcap, Tensor scheduler_metadata, "
+        "Tensor? dynamic_causal, int num_actual_tokens, "
+        "Tensor oq, Tensor os, Tensor? oz, int[] ometa, Tensor ln2, float eps2, Tensor gq, Tensor gs, "
+        "Tensor? gz, int[] gmeta, Tensor dq, Tensor ds, Tensor? dz, int[] dmeta, int act) -> Tensor");
   m.def("attn_in(Tensor(a!) residual, Tensor? x, Tensor ln, float eps, Tensor wq, Tensor ws, "
         "Tensor? wz, int[] meta, Tensor? q_norm, Tensor? k_norm, float head_eps, Tensor cos_sin, "
         "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w) -> (Tensor, Tensor)");
@@ -358,4 +419,5 @@ TORCH_LIBRARY_FRAGMENT(edge_w4, m) {
 TORCH_LIBRARY_IMPL(edge_w4, CPU, m) {
   m.impl("attn_in", &attn_in);
   m.impl("mlp_out", &mlp_out);
+  m.impl("decode_layer", &decode_layer);
 }
