@@ -28,6 +28,24 @@ def test_stats_match_llama_bench():
     assert summarize([5.0])[1] == 0.0
 
 
+def test_a_torn_last_line_is_skipped_then_cut(tmp_path, caplog):
+    """A crash mid-write leaves a last line without its newline: reading skips it with a
+    warning, the next append cuts it first, and a bad line elsewhere is still an error."""
+    path = tmp_path / "r.jsonl"
+    append_record(path, rec())
+    whole = path.read_bytes()
+    path.write_bytes(whole + whole[: len(whole) // 2])  # half of a second record
+    with caplog.at_level("WARNING"):
+        assert [r.test for r in read_records(path)] == ["tg128"]
+    assert "torn last line" in caplog.text
+    append_record(path, rec(test="pp512", samples=[1.0]))
+    assert [r.test for r in read_records(path)] == ["tg128", "pp512"]
+    assert path.read_bytes().count(b"\n") == 2
+    path.write_bytes(whole[: len(whole) // 2] + b"\n" + whole)
+    with pytest.raises(ValueError, match=":1: not a harness record"):
+        read_records(path)
+
+
 def test_round_trip_and_printers(tmp_path):
     path = tmp_path / "r.jsonl"
     r = rec(cores=[0, 1], extra={"facts": {"threads": 2}})

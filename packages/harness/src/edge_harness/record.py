@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import statistics
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = 1
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,29 +99,54 @@ def append_record(path: Path, record: Record) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        torn = _torn_tail(fd, end)
+        if torn:  # a line left without its newline by a crash: cut it before appending
+            log.warning("%s: dropping a torn last line (%d bytes) before appending", path, torn)
+            end -= torn
+            os.ftruncate(fd, end)
         # One write() of the whole line: O_APPEND places it at the end in one step, so a
         # kill leaves either the whole line or none of it (never half a JSON object).
         written = os.write(fd, line)
-        if written != len(line):  # only on a full disk; say so rather than leave junk
-            raise OSError(f"short write to {path}: {written} of {len(line)} bytes")
+        if written != len(line):  # only on a full disk: take the fragment back, and say so
+            os.ftruncate(fd, end)
+            raise OSError(f"short write to {path}: {written} of {len(line)} bytes (truncated back)")
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
+def _torn_tail(fd: int, end: int) -> int:
+    """Bytes after the last newline of the file (0 when it ends with one, or is empty)."""
+    size = 0
+    while end - size > 0:
+        step = min(4096, end - size)
+        chunk = os.pread(fd, step, end - size - step)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            return size + step - cut - 1
+        size += step
+    return size
+
+
 def read_records(path: Path) -> list[Record]:
-    """Every record of a JSONL file; a torn last line (a crash mid-write) is reported, not read."""
+    """Every record of a JSONL file. A torn last line (a crash mid-write: no newline, not
+    JSON) is skipped with a warning; a bad line anywhere else is an error."""
     records = []
     path = Path(path)
-    lines = path.read_text().splitlines()
+    text = path.read_text()
+    lines = text.splitlines()
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             records.append(Record.from_dict(json.loads(line)))
         except (json.JSONDecodeError, TypeError) as exc:
+            if i == len(lines) and not text.endswith("\n"):
+                log.warning("%s:%d: skipping a torn last line (%s)", path, i, exc)
+                continue
             raise ValueError(f"{path}:{i}: not a harness record ({exc})") from None
     return records
 
