@@ -27,6 +27,10 @@ LEVERS = (
     ("20261201T045231-9440", {"act_dtype": "float32"}, "... the same with fp32 activations (compiled)"),
     ("20261201T091316-5856", {},
      "+ words128 layout, 4 rows x T tokens per call, prefetch 8 KiB, bf16 prefill GEMM"),
+    ("20261201T121231-3536", {"fused": False}, "the same build, measured again (`@fused=0`)"),
+    ("20261201T121231-3536", {},
+     "+ fused decode: two C++ ops per layer around vLLM's attention ops, eager"),
+    ("20261201T122653-7248", {}, "+ one op per layer (`edge_w4::decode_layer`), attention called from C++"),
 )
 
 
