@@ -1,3 +1,8 @@
+import subprocess
+import sys
+
+import pytest
+
 from conftest import run_cli
 
 
@@ -38,3 +43,14 @@ def test_list_json(tmp_path):
     rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen3-0.6b-random"} <= set(rows)
     assert not any(r["pulled"] for r in rows.values())
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]], ids=" ".join)
+def test_help_does_not_import_torch(argv):
+    """`edge-infer --help` answers in a fraction of a second: torch (seconds to import here)
+    stays out of the process until a command needs it."""
+    code = ("import sys\nfrom edge_infer.cli import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().endswith("NO-TORCH"), out.stdout + out.stderr

@@ -11,7 +11,6 @@ from edge_infer.errors import EdgeInferError
 from edge_infer.home import home
 from edge_infer.models.pull import pull
 from edge_infer.models.registry import DEFAULT_MODEL, REGISTRY
-from edge_infer.quant.checkpoint import quantize_checkpoint
 
 
 @dataclass(frozen=True)
@@ -28,6 +27,10 @@ def default_build(name: str, profile: profiles.Profile) -> Path:
     head = "-head" if cfg.quantize_lm_head else ""
     out = home() / "checkpoints" / f"{name}-{cfg.scheme}-g{cfg.group_size}{zp}{head}"
     if not (out / "config.json").is_file():
+        # imported here: torch takes seconds to import, and `edge-infer --help` or a serve
+        # of an already-built checkpoint never needs it in this process
+        from edge_infer.quant.checkpoint import quantize_checkpoint
+
         hf = pull(name).hf_dir
         quantize_checkpoint(hf, out, cfg, overwrite=True)
     return out
