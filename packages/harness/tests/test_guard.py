@@ -147,3 +147,10 @@ def test_load_generator_is_bounded_in_time(test_core):
     res = cli("bench", "load", "--cores", str(test_core), "--seconds", "1.5", timeout=60)
     assert res.returncode == 0, res.stderr
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("value", ["0", "-0.1", "1.5", "9"])
+def test_threshold_outside_a_fraction_of_a_core_is_refused(value):
+    """--threshold 9 would let every run through the guard: only (0, 1] is accepted."""
+    out = cli("bench", "run", "-m", "qwen3-0.6b-random", "-e", "ours:w4a16", "--threshold", value)
+    assert out.returncode == 2 and "choose a fraction of one core in (0, 1]" in out.stderr

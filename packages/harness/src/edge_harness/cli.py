@@ -17,6 +17,14 @@ DEFAULT_RESULTS = Path("docs/results/bench.jsonl")
 DEFAULT_ENGINES = "ours:w4a16,llama.cpp:q4_k_m"
 
 
+
+def _fraction(text: str) -> float:
+    """A guard threshold: a fraction of one core in (0, 1] (above 1 every run would pass)."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: choose a fraction of one core in (0, 1]")
+    return value
+
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -50,7 +58,7 @@ def _guard_flags(p: argparse.ArgumentParser) -> None:
                    "physical cores this process may use)")
     g.add_argument("--force", action="store_true", help="run even when the contention guard "
                    "sees foreign load; records say guard: overridden")
-    g.add_argument("--threshold", type=float, default=0.15,
+    g.add_argument("--threshold", type=_fraction, default=0.15,
                    help="foreign load allowed per core, fraction of one core (default 0.15)")
     g.add_argument("--window", type=float, default=1.0,
                    help="seconds the guard samples before each measurement (default 1)")
