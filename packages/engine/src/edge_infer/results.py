@@ -30,10 +30,22 @@ def git_commit() -> str:
         return "unknown"
 
 
+def git_dirty() -> bool | None:
+    """Whether tracked files differ from the commit (None outside git): a figure measured on
+    a dirty tree is not reproducible from its commit."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, check=True, timeout=30).stdout
+    except (OSError, subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return None
+    return bool(out.strip())
+
+
 def context(threads: int | None = None) -> dict:
     return {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),
         "machine": {**fingerprint(), "cores_allowed": len(os.sched_getaffinity(0)),
                     "threads": threads,
                     # no contention guard here: the load says how busy the host was

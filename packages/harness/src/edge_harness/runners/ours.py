@@ -25,7 +25,6 @@ The wall-clock time of the whole `generate` call is kept beside it for a sanity 
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -115,7 +114,7 @@ class OursRunner:
         return {
             "version": f"edge-infer {edge_infer.__version__} + vllm {vllm.__version__}"
                        + (f" (kernels: {shown})" if kernels else ""),
-            "threads": len(os.environ["VLLM_CPU_OMP_THREADS_BIND"].split(",")),
+            "threads": threads,  # bound one per core by child_env
             "act_dtype": act,
             "prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
             "enforce_eager": bool(cfg.model_config.enforce_eager),
