@@ -187,9 +187,10 @@ class EdgeAvx2(_Edge):
 
 class EdgeAvx512(_Edge):
     """W4A8 with 512-bit loops (AVX512-BW `vpmaddubsw`, or VNNI `vpdpbusd` where present); W4A16
-    and prefill dequantization use the AVX2 code, which every AVX-512 CPU runs. Written for
-    such CPUs but not yet run on one: each layer is checked against the reference at load and
-    falls back to edge-avx2 on a mismatch."""
+    with bf16 activations on AVX512-BF16 CPUs through `vdpbf16ps` (words128 codes), otherwise
+    the AVX2 code, which every AVX-512 CPU runs. Measured on a 2-core AMD EPYC with
+    AVX512-BF16/VNNI (docs/analysis/kernels.md); not yet on an Intel AVX-512 or AMX host, so
+    each layer is still checked against the reference at load and falls back on a mismatch."""
 
     name = "edge-avx512"
     isa = "avx512"
