@@ -84,18 +84,25 @@ def test_torch_and_ours_on_smollm2(tmp_path, smollm2, edge_home):
     assert w4[0].bits_per_weight < bf16_bits
 
 
-def test_profile_splits_a_decode_step_of_ours(tmp_path, smollm2, edge_home):
-    """`bench profile`: our kernels show up by name, once per quantized layer per step."""
+@pytest.mark.parametrize(("fused", "op", "per_token"), [
+    ("", "edge_w4::decode_layer", 30),  # the fused decode path: one op per layer
+    ("@fused=0", "edge_w4::linear", 30 * 4),  # qkv, o, gate_up, down in each of 30 layers
+], ids=["fused", "unfused"])
+def test_profile_splits_a_decode_step_of_ours(tmp_path, smollm2, edge_home, fused, op, per_token):
+    """`bench profile`: our kernels show up by name, once per layer (fused) or per quantized
+    linear (unfused) every decode step (+ the warm-up outside the profile)."""
     results = tmp_path / "profile.jsonl"
-    res = cli("bench", "profile", "-m", "smollm2-135m", "-e", "ours:w4a8", "-n", "4",
+    res = cli("bench", "profile", "-m", "smollm2-135m", "-e", f"ours:w4a8{fused}", "-n", "4",
               "--results", str(results))
     assert res.returncode == 0, res.stderr[-3000:]
     (rec,) = [json.loads(line) for line in results.read_text().splitlines()]
     assert rec["kind"] == "profile" and rec["quant"] == "w4a8" and rec["step_ms"] > 0
     assert 0 < rec["in_ops_s"] <= rec["wall_s"]
     ours = {o["op"]: o for o in rec["ops"] if o["op"].startswith("edge_w4::")}
-    # qkv, o, gate_up, down in each of 30 layers, every decode step (+ the warm-up outside)
-    assert ours["edge_w4::linear"]["calls"] >= 30 * 4 * rec["tokens"]
-    assert "### smollm2-135m, ours:w4a8" in res.stdout and "our 4-bit kernels" in res.stdout
+    assert ours[op]["calls"] >= per_token * rec["tokens"], sorted(ours)
+    assert "our 4-bit kernels" in res.stdout
+    if fused:
+        return
+    assert "### smollm2-135m, ours:w4a8" in res.stdout
     bad = cli("bench", "profile", "-m", "smollm2-135m", "-e", "llama.cpp:q4_0", "--no-results")
     assert bad.returncode != 0 and "only our engine has an op profiler" in bad.stderr

@@ -250,11 +250,12 @@ def _print_gemm(records, fmt: str) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from edge_harness.bench import profile
-    from edge_harness.bench.run import command_line, say
+    from edge_harness.bench.run import command_line, parse_engine, say
 
-    engine, _, quant = args.engine.partition(":")
-    profile.run(args.model, engine, quant, args.n_gen, args.cores, args.threads,
-                None if args.no_results else args.results, command_line(), args.lock_wait, say=say)
+    spec = parse_engine(args.engine)  # ENGINE:QUANT[@key=value,...], as bench run's -e
+    profile.run(args.model, spec.engine, spec.quant, args.n_gen, args.cores, args.threads,
+                None if args.no_results else args.results, command_line(), args.lock_wait, say=say,
+                options=dict(spec.options))
     if not args.no_results:
         sys.stdout.write(profile.render(args.results))
     return 0

@@ -20,7 +20,8 @@ from edge_infer.results import append, context
 
 
 def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, results: Path | None,
-        command: str, lock_wait: float, say=print) -> dict:
+        command: str, lock_wait: float, say=print, options: dict | None = None) -> dict:
+    """One profiled tg`n` of our engine; `options` as bench run's `@key=value` (e.g. fused)."""
     from edge_harness.bench.run import resolve_model
 
     if engine != "ours":
@@ -31,17 +32,20 @@ def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, re
         raise UsageError(f"our engine has no quant {quant!r}")
     model = resolve_model(model_name)
     cores = choose_cores(cores_arg, threads)
+    options = options or {}
     build = runner.prepare(model, quant)
+    build = type(build)(**{**build.to_dict(), "options": options})
     with bench_lock(lock_wait):
         say(f"profile {model.name} {engine}:{quant}: tg{n} under torch's profiler on cores {cores}")
-        with Worker(cores, runner.child_env(cores, len(cores), {}), label="profile") as w:
+        with Worker(cores, runner.child_env(cores, len(cores), options), label="profile") as w:
             facts = w.request("load", engine=engine, build=build.to_dict(), threads=len(cores),
                               n_ctx=n + 16)["facts"]
             prof = w.request("profile", engine=engine, n=n, seed=0)["result"]
     step_ms = prof["decode_s"] / n * 1e3
     rec = {"kind": "profile", **context(threads=len(cores)), "command": command,
            "model": model.name, "engine": engine, "quant": quant, "engine_version": facts["version"],
-           "cores": cores, "w4_kernels": facts.get("w4_kernels", {}), "step_ms": step_ms, **prof}
+           "cores": cores, "w4_kernels": facts.get("w4_kernels", {}), "options": options,
+           "fused_decode": facts.get("fused_decode"), "step_ms": step_ms, **prof}
     if results is not None:
         append(results, rec)
     say(f"  {step_ms:.2f} ms per decode step; in torch ops + our kernels "
