@@ -39,7 +39,7 @@ SHAPES = [  # (M, N, K, group)
 
 
 def reference(x, q, s, z, group, scheme="w4a16"):
-    xr = w4a16.quantize_activations(x) if scheme == "w4a8" else x.float()
+    xr = w4a16.quantize_activations(x, group) if scheme == "w4a8" else x.float()
     return xr @ dequantize_w4(q, s, z, group).T
 
 
@@ -98,7 +98,12 @@ def test_every_small_m_matches_reference(kernel, scheme, layer):
         ref = reference(x, q, s, z, g, scheme)
         err = (y - ref).abs().max() / ref.abs().max()
         assert err < 1e-4, f"{kernel.name} {scheme} M={m}: relative error {err:.2e}"
-    # the prefill GEMM path, forced at small M (dispatch normally sends it M past the crossover)
+        if packed["layout"] == 3 and packed["isa"] == 3:  # nib128 on VNNI: also the AVX512-BW dots
+            y = kernel.forward(x, {**packed, "isa": 2}, None)
+            err = (y - ref).abs().max() / ref.abs().max()
+            assert err < 1e-4, f"{kernel.name} {scheme} M={m} without VNNI: relative error {err:.2e}"
+    # the prefill GEMM path, forced at small M (dispatch normally sends it M past the crossover;
+    # nib128 has no GEMM path and runs its int8 loop again)
     forced = {**packed, "small_m_max": 0}
     x = torch.randn(5, k, generator=gen)
     err = (kernel.forward(x, forced, None) - reference(x, q, s, z, g, scheme)).abs().max()
@@ -300,11 +305,13 @@ def test_activation_rounding_matches_the_int8_kernel():
         pytest.skip("C++ kernels could not be built here")
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 256, generator=gen) * torch.logspace(-3, 3, 256)
-    x[0, :32] = 0.0
+    x[0, :64] = 0.0
     xq, sx, xsum = w4a16.ext.load().quantize_act(x, 64)
-    assert xq.dtype == torch.int8 and int(xq.abs().max()) <= 127 and int(xq[0, :32].abs().sum()) == 0
+    assert xq.dtype == torch.int8 and int(xq.abs().max()) <= 127 and int(xq[0, :64].abs().sum()) == 0
+    # one scale per (token, group of 64), repeated for each block of 32 it covers
+    assert torch.equal(sx[:, 0::2], sx[:, 1::2])
     back = (xq.float().view(3, 8, 32) * sx[..., None]).view(3, 256)
-    assert torch.equal(back, w4a16.quantize_activations(x))
+    assert torch.equal(back, w4a16.quantize_activations(x, 64))
     torch.testing.assert_close(xsum, back.view(3, 4, 64).sum(-1), rtol=1e-5, atol=1e-5)
 
 

@@ -138,7 +138,7 @@ def test_logits_match_torch_reference(llm, smollm2, cfg):
             for name, mod in model.named_modules():
                 if isinstance(mod, torch.nn.Linear) and f"{name}.qweight" in memory:
                     mod.register_forward_pre_hook(
-                        lambda _m, args: (w4a16.quantize_activations(args[0]),))
+                        lambda _m, args: (w4a16.quantize_activations(args[0], cfg.group_size),))
         ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
     params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0)
     (out,) = llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)

@@ -27,15 +27,14 @@ from edge_infer.quant.primitives import dequantize_w4
 
 log = logging.getLogger(__name__)
 FORCE_ENV = "EDGE_INFER_W4_KERNEL"
-ACT_BLOCK = 32  # w4a8: one int8 scale per 32 activations along K
 SCHEMES = ("w4a16", "w4a8")
 
 
-def quantize_activations(x: torch.Tensor) -> torch.Tensor:
+def quantize_activations(x: torch.Tensor, group: int) -> torch.Tensor:
     """w4a8's activation rounding, in plain torch: x -> round(x / s) * s with s = absmax / 127
-    per block of 32 along the last dim (what the int8 kernels compute with)."""
+    per (token, weight group) along the last dim (what the int8 kernels compute with)."""
     shape = x.shape
-    xb = x.float().reshape(*shape[:-1], shape[-1] // ACT_BLOCK, ACT_BLOCK)
+    xb = x.float().reshape(*shape[:-1], shape[-1] // group, group)
     s = xb.abs().amax(-1, keepdim=True) / 127
     q = torch.where(s > 0, xb / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(xb))
     return (q.round().clamp(-127, 127) * s).reshape(shape)
@@ -59,12 +58,12 @@ class Reference:
 
     @staticmethod
     def prepack(q, scale, zero, group: int, dtype: torch.dtype, scheme: str = "w4a16") -> dict[str, Any]:
-        return {"w": dequantize_w4(q, scale, zero, group).to(dtype), "scheme": scheme}
+        return {"w": dequantize_w4(q, scale, zero, group).to(dtype), "scheme": scheme, "group": group}
 
     @staticmethod
     def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
         if p.get("scheme") == "w4a8":
-            x = quantize_activations(x).to(x.dtype)
+            x = quantize_activations(x, p["group"]).to(x.dtype)
         return F.linear(x, p["w"].to(x.dtype), bias)
 
 
@@ -72,6 +71,13 @@ def pack_blocks32(q: torch.Tensor) -> torch.Tensor:
     """codes [N, K] -> uint8 [N, K/2]: per block of 32, byte i = q[i] | q[16 + i] << 4."""
     n, k = q.shape
     v = q.reshape(n, k // 32, 2, 16)
+    return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
+
+
+def pack_nib128(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] -> uint8 [N, K/2]: per block of 128, byte i = q[i] | q[64 + i] << 4."""
+    n, k = q.shape
+    v = q.reshape(n, k // 128, 2, 64)
     return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
 
 
@@ -105,9 +111,11 @@ class _Edge:
     profiler shows it by name and torch.compile traces through it, see kernels.ops): up to
     SMALL_M_MAX rows (decode, batched decode) one pass over the codes serves every row (W4A16:
     codes to fp32 in registers and FMA, or to bf16 and `vdpbf16ps` on AVX512-BF16 CPUs; W4A8:
-    int8 activations, `vpmaddubsw` int32 dots); more rows (prefill) go to tiles dequantized to
-    fp32 and torch's fp32 GEMM, which on AVX2 runs several times faster than bf16, or, for bf16
-    activations on AVX512-BF16 CPUs (words128), to bf16 tiles and torch's bf16 GEMM."""
+    int8 activations, one scale per token and group, `vpmaddubsw` int32 dots); more rows
+    (prefill) go to tiles dequantized to fp32 and torch's fp32 GEMM, which on AVX2 runs several
+    times faster than bf16, or, for bf16 activations on AVX512-BF16 CPUs (words128), to bf16
+    tiles and torch's bf16 GEMM. W4A8 on AVX-512 CPUs (nib128 codes) runs its int8 loop
+    (`vpdpbusd` with VNNI) for every M: 4 rows per token at M=1, 2 rows x 4 tokens past it."""
 
     isa = ""
     self_check = False
@@ -119,7 +127,8 @@ class _Edge:
     # - words128 (W4A16, vdpbf16ps; bf16 tiles and bf16 GEMM): M=16 0.99 / 1.36, M=32 1.93 / 1.80,
     #   M=64 3.83 / 2.67, M=512 32.0 / 15.5 (F.linear on dense bf16 weights: 14.9);
     # - blocks32 (W4A8, int8 dots): M=128 10.2 / 17.9, M=512 42.5 / 47.6 (bf16 in).
-    SMALL_M_MAX = {0: 512, 1: 24, 2: 24}
+    # - nib128 (W4A8 on AVX-512, int8 dots): one loop for every M, no GEMM path.
+    SMALL_M_MAX = {0: 512, 1: 24, 2: 24, 3: 1 << 30}
     TILE = 512
 
     @classmethod
@@ -141,7 +150,9 @@ class _Edge:
 
         ops.load()
         n, k = q.shape
-        if scheme == "w4a8":
+        if scheme == "w4a8" and cls.nib128(k, group):
+            codes, layout = pack_nib128(q), 3
+        elif scheme == "w4a8":
             codes, layout = pack_blocks32(q), 0
         elif cls.bf16_dot(dtype):
             codes, layout = pack_words128(q), 2
@@ -160,6 +171,11 @@ class _Edge:
     def isa_code(cls) -> int:
         """The library's path number (csrc/edge_w4.cpp, enum Isa)."""
         return {"portable": 0, "avx2": 1, "avx512": 2}[cls.isa]
+
+    @classmethod
+    def nib128(cls, k: int, group: int) -> bool:
+        """W4A8 through the int8 `vpdpbusd` loop for every M (nib128 codes): AVX-512 CPUs."""
+        return False
 
     @classmethod
     def bf16_dot(cls, dtype: torch.dtype) -> bool:
@@ -207,6 +223,10 @@ class EdgeAvx512(_Edge):
     @classmethod
     def bf16_dot(cls, dtype: torch.dtype) -> bool:
         return dtype == torch.bfloat16 and "avx512_bf16" in cpu_flags()
+
+    @classmethod
+    def nib128(cls, k: int, group: int) -> bool:
+        return k % 128 == 0 and group % 64 == 0 and k // group <= 256
 
 
 class EdgePortable(_Edge):
@@ -360,7 +380,7 @@ def agrees_with_reference(kernel: type, packed: dict[str, Any], q, scale, zero, 
     except (RuntimeError, NotImplementedError) as exc:  # e.g. vLLM's kernel on fp32 activations
         log.warning("kernel %s failed its self-check: %s", kernel.name, exc)
         return False
-    xr = quantize_activations(x) if scheme == "w4a8" else x.float()
+    xr = quantize_activations(x, group) if scheme == "w4a8" else x.float()
     ref = xr @ dequantize_w4(q, scale, zero, group).T
     return bool((got - ref).abs().max() <= 2e-2 * ref.abs().max() + 1e-3)
 

@@ -20,6 +20,8 @@
 //   shift but cancels 3 bits more against sum_k x: it moved smollm2's prompt logprobs.) A
 //   K % 128 == 64 tail is one 32-byte block, byte i holding k=i in its low nibble and k=32+i
 //   in its high nibble.
+// - nib128 (W4A8 on AVX-512 CPUs, every M): blocks of 128 codes in 64 bytes, byte i holding
+//   code k=128c+i in its low nibble and k=128c+64+i in its high one (see tile_nib128_vnni).
 // Scales are fp32 [N, K/group]; zero points uint8 [N, K/group] or absent (symmetric: 8).
 // Meaning of the codes: w = (q - z) * s, as in edge_infer.quant.primitives.
 //
@@ -35,6 +37,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -52,9 +55,10 @@ constexpr int64_t kBlock = 32;
 int64_t g_prefetch = 8192;
 
 // Paths in increasing order: a higher one may use every lower one's code (an AVX-512 CPU runs
-// the AVX2 W4A16 loop and dequantization; only the W4A8 GEMV has 512-bit loops).
+// the AVX2 W4A16 loop and dequantization where its own 512-bit loops do not apply).
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kWords128 = 2 };
+enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kWords128 = 2, kNib128 = 3 };
+constexpr int64_t kNibMaxGroups = 256;  // the nib128 loop's per-tile table of s_g sx_g
 
 bool cpu_has(const std::string& feature) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -94,6 +98,7 @@ struct Weights {
   int64_t layout;
 };
 
+
 // The words128 layout's kernels need AVX512-BF16 and the AVX-512 path.
 void check_words128(int64_t isa) {
   TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
@@ -103,18 +108,22 @@ void check_words128(int64_t isa) {
 
 Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
                 int64_t group, int64_t layout) {
-  TORCH_CHECK(layout == kBlocks32 || layout == kLanes64 || layout == kWords128, "edge_w4: unknown layout ",
-              layout);
+  TORCH_CHECK(layout >= kBlocks32 && layout <= kNib128, "edge_w4: unknown layout ", layout);
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8 && q.is_contiguous(),
               "edge_w4: packed codes must be contiguous uint8 [N, K/2]");
   TORCH_CHECK(group % kBlock == 0 && group > 0, "edge_w4: group ", group, " is not a multiple of 32");
+  TORCH_CHECK(s.dim() == 2 && s.scalar_type() == torch::kFloat && s.is_contiguous() && s.size(0) == q.size(0),
+              "edge_w4: scales must be contiguous fp32 [N, K/group]");
   const int64_t n = q.size(0), k = q.size(1) * 2;
   TORCH_CHECK(k % group == 0, "edge_w4: K=", k, " is not a multiple of the group ", group);
   const int64_t groups = k / group;
   TORCH_CHECK(layout == kBlocks32 || k % 64 == 0, "edge_w4: the lanes64/words128 layouts need K % 64 == 0, got ", k);
-  TORCH_CHECK(s.scalar_type() == torch::kFloat && s.is_contiguous() && s.size(0) == n &&
-                  s.size(1) == groups,
-              "edge_w4: scales must be contiguous fp32 [N, K/group]");
+  if (layout == kNib128) {
+    TORCH_CHECK(k % 128 == 0 && group % 64 == 0 && groups <= kNibMaxGroups,
+                "edge_w4: nib128 needs K % 128 == 0, a group multiple of 64 and at most ", kNibMaxGroups,
+                " groups");
+  }
+  TORCH_CHECK(s.size(1) == groups, "edge_w4: scales must be contiguous fp32 [N, K/group]");
   const uint8_t* zp = nullptr;
   if (z.has_value() && z->defined()) {
     TORCH_CHECK(z->scalar_type() == torch::kUInt8 && z->is_contiguous() && z->size(0) == n &&
@@ -145,6 +154,10 @@ inline int code_at(const Weights& w, const uint8_t* q, int64_t k) {
     const int64_t c = k / 128, j = (k % 128) / 32, i = k % 32;
     const uint8_t byte = q[c * 64 + 2 * i + (j >> 1)];
     return (j & 1) ? (byte >> 4) : (byte & 0xF);
+  }
+  if (w.layout == kNib128) {
+    const uint8_t byte = q[(k / 128) * 64 + (k % 64)];
+    return (k % 128) < 64 ? (byte & 0xF) : (byte >> 4);
   }
   if (w.layout == kBlocks32) {
     const int64_t b = k / kBlock, i = k % kBlock;
@@ -402,6 +415,160 @@ __attribute__((target(EDGE_AVX512_VNNI))) void dot_w4a8_avx512_vnni(const Weight
   EDGE_W4A8_AVX512_BODY(_mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, xv))
 }
 #undef EDGE_W4A8_AVX512_BODY
+
+// nib128 (W4A8 on AVX-512 CPUs; decode, batched decode and prefill alike): per 128 codes 64
+// bytes, byte i holding code 128c+i in its low nibble and 128c+64+i in its high one, so one
+// 64-byte load and an AND (or a shift and an AND) give 64 consecutive unsigned codes for
+// `vpdpbusd` against 64 int8 activations. Each group's int32 sums are folded once per (row,
+// token): float, times P = s_g sx_g (a table made per tile with one multiply per 16 groups),
+// into fp32. The zero points stay out of the loop: the last step subtracts
+// sum_g (z_g s_g) xsum_g, one dot over the groups per (row, token), xsum_g = sx_g sum xq.
+// Measured on a 2-core AMD EPYC (Zen 4 class): `vpdpbusd` zmm issues once per cycle (64 int8
+// MACs), `vdpbf16ps` zmm once per cycle (32 bf16 MACs), so past M=1, where the bf16 loop is
+// compute-bound, the int8 loop has up to twice its arithmetic rate.
+#define EDGE_NIB128_TILE(DOT)                                                                        \
+  const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
+  [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
+  const int64_t steps = w.group / 64, G = w.groups;                                                   \
+  alignas(64) float P[R][T][kNibMaxGroups];                                                           \
+  for (int64_t g = 0; g < G; g += 16) {                                                               \
+    const __mmask16 mk = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);         \
+    for (int r = 0; r < R; ++r) {                                                                     \
+      const __m512 sr = _mm512_maskz_loadu_ps(mk, w.s + (row + r) * G + g);                           \
+      for (int t = 0; t < T; ++t)                                                                     \
+        _mm512_storeu_ps(&P[r][t][g], _mm512_mul_ps(sr, _mm512_maskz_loadu_ps(mk, sx + t * G + g)));  \
+    }                                                                                                 \
+  }                                                                                                   \
+  __m512 acc[R][T];                                                                                   \
+  for (int r = 0; r < R; ++r)                                                                         \
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();                                      \
+  for (int64_t g = 0; g < G; ++g) {                                                                   \
+    __m512i ai[R][T];                                                                                 \
+    for (int r = 0; r < R; ++r)                                                                       \
+      for (int t = 0; t < T; ++t) ai[r][t] = _mm512_setzero_si512();                                  \
+    for (int64_t st = 0; st < steps; ++st) {                                                          \
+      const int64_t k0 = g * w.group + st * 64;                                                       \
+      const bool high = (k0 & 64) != 0;                                                               \
+      __m512i wv[R];                                                                                  \
+      for (int r = 0; r < R; ++r) {                                                                   \
+        const uint8_t* p = w.q + (row + r) * (w.k / 2) + (k0 / 128) * 64;                             \
+        if (PREFETCH && !high) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1); \
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(p));                      \
+        wv[r] = _mm512_and_si512(high ? _mm512_srli_epi16(v, 4) : v, m4);                             \
+      }                                                                                               \
+      for (int t = 0; t < T; ++t) {                                                                   \
+        const __m512i xv = _mm512_loadu_si512(reinterpret_cast<const void*>(xq + t * w.k + k0));     \
+        for (int r = 0; r < R; ++r) ai[r][t] = DOT(ai[r][t], wv[r], xv);                              \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int r = 0; r < R; ++r)                                                                       \
+      for (int t = 0; t < T; ++t)                                                                     \
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r][t]), _mm512_set1_ps(P[r][t][g]), acc[r][t]); \
+  }                                                                                                   \
+  for (int r = 0; r < R; ++r) {                                                                       \
+    __m512 corr[T];                                                                                   \
+    for (int t = 0; t < T; ++t) corr[t] = _mm512_setzero_ps();                                        \
+    for (int64_t g = 0; g < G; g += 16) {                                                             \
+      const __mmask16 mk = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);       \
+      const __m512 z = w.z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                                 \
+                                 _mm_maskz_loadu_epi8(mk, w.z + (row + r) * G + g)))                  \
+                           : _mm512_set1_ps(8.f);                                                     \
+      const __m512 zs = _mm512_mul_ps(z, _mm512_maskz_loadu_ps(mk, w.s + (row + r) * G + g));          \
+      for (int t = 0; t < T; ++t)                                                                     \
+        corr[t] = _mm512_fmadd_ps(zs, _mm512_maskz_loadu_ps(mk, xs + t * G + g), corr[t]);            \
+    }                                                                                                 \
+    for (int t = 0; t < T; ++t)                                                                       \
+      y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]) - _mm512_reduce_add_ps(corr[t]);                \
+  }
+
+// R rows against T tokens (int8 activations xq [T, K], scales sx and group sums xs [T,
+// groups]) into y[t * ys + r]. PREFETCH for rows streamed from memory once (decode), not for a
+// block re-read from cache for every 4 tokens (prefill).
+template <int R, int T, bool PREFETCH>
+__attribute__((target(EDGE_AVX512_VNNI))) void tile_nib128_vnni(const Weights& w, int64_t row, const int8_t* xq,
+                                                                const float* sx, const float* xs, float* y,
+                                                                int64_t ys) {
+  EDGE_NIB128_TILE(_mm512_dpbusd_epi32)
+}
+
+#define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
+template <int R, int T, bool PREFETCH>
+__attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64_t row, const int8_t* xq,
+                                                         const float* sx, const float* xs, float* y, int64_t ys) {
+  EDGE_NIB128_TILE(EDGE_DOT_BW)
+}
+#undef EDGE_DOT_BW
+#undef EDGE_NIB128_TILE
+
+// R rows against tokens [t0, t1), 4 at a time, then the 1-3 left.
+template <int R, bool PREFETCH>
+void rows_nib128(const Weights& w, int64_t row, const int8_t* xq, const float* sx, const float* xs, int64_t t0,
+                 int64_t t1, float* y, bool vnni) {
+  auto tile = [&](auto tag, int64_t t) {
+    constexpr int TT = decltype(tag)::value;
+    const int8_t* xt = xq + t * w.k;
+    const float* st = sx + t * w.groups;
+    const float* gt = xs + t * w.groups;
+    float* yt = y + t * w.n + row;
+    if (vnni) {
+      tile_nib128_vnni<R, TT, PREFETCH>(w, row, xt, st, gt, yt, w.n);
+    } else {
+      tile_nib128_bw<R, TT, PREFETCH>(w, row, xt, st, gt, yt, w.n);
+    }
+  };
+  int64_t t = t0;
+  for (; t + 4 <= t1; t += 4) tile(std::integral_constant<int, 4>{}, t);
+  switch (t1 - t) {
+    case 3: tile(std::integral_constant<int, 3>{}, t); break;
+    case 2: tile(std::integral_constant<int, 2>{}, t); break;
+    case 1: tile(std::integral_constant<int, 1>{}, t); break;
+    default: break;
+  }
+}
+
+// Activations (fp32 or bf16) [M, K] -> xq int8 [M, K], sx and xs [M, K/group], 16 at a time:
+// the same rounding, bit for bit, as quantize_act_into and the torch reference (a true
+// division, round half to even), xs = sx * sum xq per group.
+template <typename In>
+__attribute__((target(EDGE_AVX512))) inline __m512 load16(const In* p) {
+  if constexpr (std::is_same_v<In, float>) {
+    return _mm512_loadu_ps(p);
+  } else {  // bf16 bits: the top half of an fp32
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+template <typename In>
+__attribute__((target(EDGE_AVX512))) void quantize_rows_avx512(const In* xp, int64_t t0, int64_t t1, int64_t k,
+                                                               int64_t group, int8_t* qp, float* sp, float* xs) {
+  const int64_t groups = k / group;
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const In* xg = xp + t * k + g * group;
+      __m512 mx = _mm512_setzero_ps();
+      for (int64_t i = 0; i < group; i += 16) mx = _mm512_max_ps(mx, _mm512_abs_ps(load16(xg + i)));
+      const float scale = _mm512_reduce_max_ps(mx) / 127.f;
+      sp[t * groups + g] = scale;
+      int8_t* o = qp + t * k + g * group;
+      if (!(scale > 0.f)) {
+        std::memset(o, 0, group);
+        xs[t * groups + g] = 0.f;
+        continue;
+      }
+      const __m512 sv = _mm512_set1_ps(scale);
+      __m512i total = _mm512_setzero_si512();
+      for (int64_t i = 0; i < group; i += 16) {
+        const __m512 r = _mm512_roundscale_ps(_mm512_div_ps(load16(xg + i), sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m512i v = _mm512_cvtps_epi32(r);
+        v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+        total = _mm512_add_epi32(total, v);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i), _mm512_cvtepi32_epi8(v));
+      }
+      xs[t * groups + g] = scale * static_cast<float>(_mm512_reduce_add_epi32(total));
+    }
+  }
+}
 
 // AVX-512 W4A16: two lanes64 blocks (128 codes, 64 bytes) per load. Nibble j of every 32-bit
 // lane is then codes 8j..8j+7 of block 2p (lanes 0-7) and of block 2p+1 (lanes 8-15), so the
@@ -785,35 +952,35 @@ __attribute__((target("avx2,fma"))) void dequant_rows_avx2(const Weights& w, int
 torch::Tensor as_float(const torch::Tensor& x);
 
 // ---------------------------------------------------------------- activations
-// Dynamic int8 activations, one scale per block of 32 along K (llama.cpp's Q8_0 grain,
-// finer than one scale per token): xq = round(x / sx), sx = absmax / 127.
-// x fp32 [M, K] -> xq int8 [M, K], sx [M, K/32], xsum [M, K/group] (sum of the rounded
-// activations per group: sum_b sx_b sum(xq in b)), into the caller's buffers.
+// Dynamic int8 activations, one scale per (token, weight group) along K: xq = round(x / sx),
+// sx = absmax / 127 over the group. (llama.cpp's Q8_K, which its Q4_K dots use, has one
+// scale per 256; a scale per 32 cost the int8 loops a float fold per 32 codes and token.)
+// x fp32 [M, K] -> xq int8 [M, K], sx [M, K/32] (each group's scale repeated for its blocks of
+// 32, as the blocks32 loops read it), xsum [M, K/group] (sx times the sum of the group's xq),
+// into the caller's buffers.
 void quantize_act_into(const float* xp, int64_t m, int64_t k, int64_t group, int8_t* qp, float* sp,
                        float* xs) {
-  const int64_t blocks = k / kBlock, groups = k / group, per_group = group / kBlock;
-  std::fill(xs, xs + m * groups, 0.f);
+  const int64_t groups = k / group, per_group = group / kBlock;
   // one thread: 1 k activations per token quantize in ~1 us, less than waking a second one
-  for (int64_t b = 0; b < m * blocks; ++b) {
-    const float* xb = xp + b * kBlock;
+  for (int64_t gg = 0; gg < m * groups; ++gg) {
+    const float* xg = xp + gg * group;
     float amax = 0.f;
-    for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(xg[i]));
     const float scale = amax / 127.f;
     int32_t total = 0;
-    for (int i = 0; i < kBlock; ++i) {
+    for (int64_t i = 0; i < group; ++i) {
       // a division, not a multiply by 127/amax: bit-identical to the torch reference
-      const int32_t v = scale > 0.f ? static_cast<int32_t>(std::nearbyint(xb[i] / scale)) : 0;
+      const int32_t v = scale > 0.f ? static_cast<int32_t>(std::nearbyint(xg[i] / scale)) : 0;
       const int32_t c = std::min(127, std::max(-127, v));
-      qp[b * kBlock + i] = static_cast<int8_t>(c);
+      qp[gg * group + i] = static_cast<int8_t>(c);
       total += c;
     }
-    sp[b] = scale;
-    xs[(b / blocks) * groups + (b % blocks) / per_group] += scale * static_cast<float>(total);
+    std::fill(sp + gg * per_group, sp + (gg + 1) * per_group, scale);
+    xs[gg] = scale * static_cast<float>(total);
   }
 }
 
-// Dynamic int8 activations, one scale per block of 32 along K (llama.cpp's Q8_0 grain,
-// finer than one scale per token): xq = round(x / sx), sx = absmax / 127.
+// Dynamic int8 activations, one scale per (token, group): see quantize_act_into.
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> quantize_act(const torch::Tensor& x_in,
                                                                      int64_t group) {
   const torch::Tensor x = as_float(x_in);
@@ -1000,6 +1167,88 @@ void rows_w4a8(const Weights& w, const float* xp, int64_t m, float* yp, int64_t 
   });
 }
 
+#if defined(__x86_64__)
+// nib128 codes against M quantized tokens into y [M, N], one parallel region. One token
+// (decode): rows 4 at a time, streamed from memory with prefetch. More: blocks of rows whose
+// codes fit in ~16 KiB of L1, each met by the tokens 4 at a time in pairs of rows, so a
+// block's codes and a quad's activations stay in L1 while the other is reused.
+void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const float* xs, int64_t m, float* y,
+                     bool vnni) {
+  if (m == 1) {
+    constexpr int64_t R = 4;
+    const int64_t tasks = (w.n + R - 1) / R;
+    at::parallel_for(0, tasks, std::max<int64_t>(1, grain_for(w.k) / R), [&](int64_t a, int64_t b) {
+      for (int64_t task = a; task < b; ++task) {
+        const int64_t row = task * R;
+        if (row + R <= w.n) {
+          rows_nib128<4, true>(w, row, xq, sx, xs, 0, 1, y, vnni);
+        } else {
+          for (int64_t r = row; r < w.n; ++r) rows_nib128<1, true>(w, r, xq, sx, xs, 0, 1, y, vnni);
+        }
+      }
+    });
+    return;
+  }
+  const int64_t rb = std::max<int64_t>(2, (int64_t{16384} / (w.k / 2)) / 2 * 2);
+  const int64_t blocks = (w.n + rb - 1) / rb;
+  at::parallel_for(0, blocks, 1, [&](int64_t a, int64_t b) {
+    for (int64_t blk = a; blk < b; ++blk) {
+      const int64_t r0 = blk * rb, r1 = std::min(w.n, r0 + rb);
+      for (int64_t t = 0; t < m; t += 4) {
+        const int64_t t1 = std::min(m, t + 4);
+        int64_t r = r0;
+        // the first quad streams the block from memory (prefetched), the others from L1
+        if (t == 0) {
+          for (; r + 2 <= r1; r += 2) rows_nib128<2, true>(w, r, xq, sx, xs, t, t1, y, vnni);
+          if (r < r1) rows_nib128<1, true>(w, r, xq, sx, xs, t, t1, y, vnni);
+        } else {
+          for (; r + 2 <= r1; r += 2) rows_nib128<2, false>(w, r, xq, sx, xs, t, t1, y, vnni);
+          if (r < r1) rows_nib128<1, false>(w, r, xq, sx, xs, t, t1, y, vnni);
+        }
+      }
+    }
+  });
+}
+#endif
+
+// W4A8 with nib128 codes (AVX-512 CPUs), every M: decode, batched decode and prefill all run
+// the int8 loop (no dequantized tiles). Activations fp32, bf16 or fp16 [M, K]; out in their
+// dtype.
+torch::Tensor linear_nib128(const torch::Tensor& x_in, const Weights& w, int64_t isa) {
+  check_isa(isa);
+  TORCH_CHECK(isa >= kAvx512, "edge_w4: the nib128 layout needs the AVX-512 path");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
+  const torch::Tensor x = x_in.scalar_type() == torch::kBFloat16 ? x_in.contiguous() : as_float(x_in);
+  const int64_t m = x.size(0);
+  auto y = torch::empty({m, w.n}, torch::kFloat);
+#if defined(__x86_64__)
+  thread_local std::vector<int8_t> xq_buf;
+  thread_local std::vector<float> sx_buf, xs_buf;
+  int8_t* xq = scratch(xq_buf, m * w.k);
+  float* sx = scratch(sx_buf, m * w.groups);
+  float* xs = scratch(xs_buf, m * w.groups);
+  auto quant = [&](int64_t a, int64_t b) {
+    if (x.scalar_type() == torch::kBFloat16) {
+      quantize_rows_avx512(reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>()), a, b, w.k, w.group, xq, sx, xs);
+    } else {
+      quantize_rows_avx512(x.data_ptr<float>(), a, b, w.k, w.group, xq, sx, xs);
+    }
+  };
+  if (m * w.k >= (int64_t{1} << 16)) {
+    at::parallel_for(0, m, 1, quant);
+  } else {
+    quant(0, m);
+  }
+  rows_nib128_all(w, xq, sx, xs, m, y.data_ptr<float>(), isa == kAvx512Vnni);
+#endif
+  if (x_in.scalar_type() == torch::kBFloat16 && m * w.n >= 4096 && cpu_has("avx512bf16")) {
+    auto out = torch::empty({m, w.n}, torch::kBFloat16);
+    to_bf16(y.data_ptr<float>(), m * w.n, out.data_ptr<c10::BFloat16>());
+    return out;
+  }
+  return finish(y, x_in.scalar_type());
+}
+
 // What every GEMV checks first: the instruction-set path, the packed weights, and fp32 [M, K]
 // activations of the right K.
 std::pair<Weights, torch::Tensor> gemv_inputs(const torch::Tensor& x_in, const torch::Tensor& q,
@@ -1037,6 +1286,7 @@ torch::Tensor gemv(const torch::Tensor& x_in, const torch::Tensor& q, const torc
 #endif
     return finish(y, x_in.scalar_type());
   }
+  if (layout == kNib128) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
   const auto [w, x] = gemv_inputs(x_in, q, s, z, group, layout, isa);
   auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
   (layout == kLanes64 ? rows_w4a16 : rows_w4a8)(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), isa);
@@ -1057,7 +1307,7 @@ torch::Tensor gemv_w4a8(const torch::Tensor& x_in, const torch::Tensor& q, const
 void dequant_into(const Weights& w, int64_t r0, int64_t r1, float* out, int64_t isa) {
   at::parallel_for(r0, r1, std::max<int64_t>(1, grain_for(w.k) / 4), [&](int64_t a, int64_t b) {
 #if defined(__x86_64__)
-    if (isa >= kAvx2) return dequant_rows_avx2(w, a, b, out + (a - r0) * w.k);
+    if (isa >= kAvx2 && w.layout != kNib128) return dequant_rows_avx2(w, a, b, out + (a - r0) * w.k);
 #endif
     dequant_rows_portable(w, a, b, out + (a - r0) * w.k);
   });
@@ -1149,6 +1399,7 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& q, const to
                      const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa,
                      int64_t small_m_max, int64_t tile) {
   TORCH_CHECK(x_in.dim() == 2, "edge_w4: activations must be 2-D [M, K]");
+  if (layout == kNib128) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
   if (x_in.size(0) <= small_m_max) return gemv(x_in, q, s, z, group, layout, isa);
   if (layout == kWords128 && x_in.scalar_type() == torch::kBFloat16) {
     check_words128(isa);
