@@ -92,11 +92,13 @@ def test_profile_splits_a_decode_step_of_ours(tmp_path, smollm2, edge_home, fuse
     """`bench profile`: our kernels show up by name, once per layer (fused) or per quantized
     linear (unfused) every decode step (+ the warm-up outside the profile)."""
     results = tmp_path / "profile.jsonl"
+    batch = 2 if fused == "" else 1  # the fused path also decodes a batch of sequences per step
     res = cli("bench", "profile", "-m", "smollm2-135m", "-e", f"ours:w4a8{fused}", "-n", "4",
-              "--results", str(results))
+              "-b", str(batch), "--results", str(results))
     assert res.returncode == 0, res.stderr[-3000:]
     (rec,) = [json.loads(line) for line in results.read_text().splitlines()]
     assert rec["kind"] == "profile" and rec["quant"] == "w4a8" and rec["step_ms"] > 0
+    assert rec["batch"] == batch and rec["options"].get("max_num_seqs") == batch
     assert 0 < rec["in_ops_s"] <= rec["wall_s"]
     ours = {o["op"]: o for o in rec["ops"] if o["op"].startswith("edge_w4::")}
     assert ours[op]["calls"] >= per_token * rec["tokens"], sorted(ours)

@@ -130,6 +130,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pf.add_argument("-m", "--model", default="qwen3-0.6b-random")
     pf.add_argument("-e", "--engine", default="ours:w4a16-head", help="ours:QUANT")
     pf.add_argument("-n", "--n-gen", type=int, default=32, help="decode steps profiled (32)")
+    pf.add_argument("-b", "--batch", type=int, default=1,
+                    help="sequences decoded together in each step (1; batched decode)")
     pf.add_argument("-t", "--threads", type=int, default=None)
     pf.add_argument("--cores", type=_ints, default=None)
     pf.add_argument("--results", type=Path, default=DEFAULT_RESULTS.with_name("profile.jsonl"))
@@ -255,7 +257,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     spec = parse_engine(args.engine)  # ENGINE:QUANT[@key=value,...], as bench run's -e
     profile.run(args.model, spec.engine, spec.quant, args.n_gen, args.cores, args.threads,
                 None if args.no_results else args.results, command_line(), args.lock_wait, say=say,
-                options=dict(spec.options))
+                options=dict(spec.options), batch=args.batch)
     if not args.no_results:
         sys.stdout.write(profile.render(args.results))
     return 0

@@ -20,35 +20,40 @@ from edge_infer.results import append, context
 
 
 def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, results: Path | None,
-        command: str, lock_wait: float, say=print, options: dict | None = None) -> dict:
-    """One profiled tg`n` of our engine; `options` as bench run's `@key=value` (e.g. fused)."""
+        command: str, lock_wait: float, say=print, options: dict | None = None, batch: int = 1) -> dict:
+    """One profiled tg`n` of our engine, `batch` sequences decoded together in each step;
+    `options` as bench run's `@key=value` (e.g. fused)."""
     from edge_harness.bench.run import resolve_model
 
     if engine != "ours":
         raise UsageError("bench profile: only our engine has an op profiler (llama.cpp's graph "
                          "runs in C; its step time is in bench run's tg)")
     runner = get_runner(engine)
+    if batch < 1:
+        raise UsageError(f"--batch must be at least 1, got {batch}")
     if not runner.accepts(quant):
         raise UsageError(f"our engine has no quant {quant!r}")
     model = resolve_model(model_name)
     cores = choose_cores(cores_arg, threads)
     options = options or {}
     build = runner.prepare(model, quant)
+    options = {**options, "max_num_seqs": batch}  # the engine admits `batch` sequences per step
     build = type(build)(**{**build.to_dict(), "options": options})
     with bench_lock(lock_wait):
-        say(f"profile {model.name} {engine}:{quant}: tg{n} under torch's profiler on cores {cores}")
+        say(f"profile {model.name} {engine}:{quant}: tg{n} x batch {batch} under torch's profiler "
+            f"on cores {cores}")
         with Worker(cores, runner.child_env(cores, len(cores), options), label="profile") as w:
             facts = w.request("load", engine=engine, build=build.to_dict(), threads=len(cores),
                               n_ctx=n + 16)["facts"]
-            prof = w.request("profile", engine=engine, n=n, seed=0)["result"]
+            prof = w.request("profile", engine=engine, n=n, seed=0, batch=batch)["result"]
     step_ms = prof["decode_s"] / n * 1e3
     rec = {"kind": "profile", **context(threads=len(cores)), "command": command,
            "model": model.name, "engine": engine, "quant": quant, "engine_version": facts["version"],
            "cores": cores, "w4_kernels": facts.get("w4_kernels", {}), "options": options,
-           "fused_decode": facts.get("fused_decode"), "step_ms": step_ms, **prof}
+           "fused_decode": facts.get("fused_decode"), "batch": batch, "step_ms": step_ms, **prof}
     if results is not None:
         append(results, rec)
-    say(f"  {step_ms:.2f} ms per decode step; in torch ops + our kernels "
+    say(f"  {step_ms:.2f} ms per decode step of {batch}; in torch ops + our kernels "
         f"{prof['in_ops_s'] / prof['wall_s'] * 100:.0f}% of the profiled wall time")
     return rec
 
@@ -70,21 +75,22 @@ def render(path: Path) -> str:
         if line.strip():
             r = json.loads(line)
             if r.get("kind") == "profile":
-                recs[(r["model"], r["engine"], r["quant"])] = r
+                recs[(r["model"], r["engine"], r["quant"], r.get("batch", 1))] = r
     out = []
-    for (model, engine, quant), r in sorted(recs.items()):
+    for (model, engine, quant, batch), r in sorted(recs.items()):
         wall_ms = r["wall_s"] / r["tokens"] * 1e3
         groups: dict[str, float] = {}
         for o in r["ops"]:
             groups[_group(o["op"])] = groups.get(_group(o["op"]), 0.0) + o["self_us"]
         shown = sum(groups.values())
         rest_ops = r["in_ops_s"] * 1e6 - shown
-        lines = [f"### {model}, {engine}:{quant}", "",
+        lines = [f"### {model}, {engine}:{quant}" + (f", batch {batch}" if batch > 1 else ""), "",
                  f"- machine: {r['machine'].get('cpu_model')} ({r['machine'].get('isa')}), "
                  f"cores {r['cores']}; {r['engine_version']}",
-                 f"- decode: {r['step_ms']:.2f} ms per step (tg{r['tokens']}, engine timestamps); "
-                 f"profiled wall {wall_ms:.2f} ms per token", f"- command: `{r['command']}`", "",
-                 "| where | ms per token | share of profiled wall |", "|---|---:|---:|"]
+                 f"- decode: {r['step_ms']:.2f} ms per step of {batch} sequence(s) (tg{r['tokens']}, "
+                 f"engine timestamps); profiled wall {wall_ms:.2f} ms per step",
+                 f"- command: `{r['command']}`", "",
+                 "| where | ms per step | share of profiled wall |", "|---|---:|---:|"]
         for g, us in sorted(groups.items(), key=lambda kv: -kv[1]):
             lines.append(f"| {g} | {us / 1e3 / r['tokens']:.2f} | {us / 1e6 / r['wall_s'] * 100:.0f}% |")
         if rest_ops > 0:
@@ -93,7 +99,7 @@ def render(path: Path) -> str:
         outside = r["wall_s"] - r["in_ops_s"]
         lines.append(f"| outside any op (Python, vLLM scheduler, sampler) | "
                      f"{outside * 1e3 / r['tokens']:.2f} | {outside / r['wall_s'] * 100:.0f}% |")
-        lines += ["", "| top ops | calls per token | self ms per token |", "|---|---:|---:|"]
+        lines += ["", "| top ops | calls per step | self ms per step |", "|---|---:|---:|"]
         for o in r["ops"][:12]:
             lines.append(f"| `{o['op']}` | {o['calls'] / r['tokens']:.1f} | "
                          f"{o['self_us'] / 1e3 / r['tokens']:.3f} |")

@@ -61,7 +61,7 @@ def main() -> int:
             elif cmd == "profile":  # per-op split of decode steps on the loaded build
                 if not hasattr(runner, "profile"):
                     raise ValueError(f"engine {req.get('engine', '?')} has no op profiler")
-                reply = {"result": runner.profile(req["n"], req["seed"])}
+                reply = {"result": runner.profile(req["n"], req["seed"], batch=req.get("batch", 1))}
             elif cmd == "fidelity":  # logits / greedy work on the loaded build
                 from edge_harness.fidelity import score
                 reply = {"result": score.in_child(runner, **req)}

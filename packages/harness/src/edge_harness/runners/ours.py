@@ -26,6 +26,7 @@ The wall-clock time of the whole `generate` call is kept beside it for a sanity 
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,8 @@ class OursRunner:
             enforce_eager=not build.options.get("compiled", build.quant != "bf16"),
             enable_prefix_caching=prefix_caching,
             max_model_len=max_len,
-            max_num_seqs=1,
+            # one sequence for pp/tg; `bench profile --batch` admits several per step
+            max_num_seqs=int(build.options.get("max_num_seqs", 1)),
             max_num_batched_tokens=max(2048, max_len),
             disable_log_stats=False,  # fills RequestOutput.metrics (the timestamps we use)
             seed=0,
@@ -172,18 +174,19 @@ class OursRunner:
         m = self._run(random_ids(1, self.token_range, seed), max_tokens=n + 1)
         return m.last_token_ts - m.first_token_ts
 
-    def profile(self, n: int, seed: int, top: int = 25) -> dict[str, Any]:
-        """Where one decode step's time goes: torch's profiler around a tg(n) run. Time per
-        op is self CPU time on the engine thread (an op's parallel work is inside it); what no
-        op accounts for is Python / vLLM bookkeeping between ops. Our kernels are the torch op
-        edge_w4::linear, so the profiler names them like any other op. The profiler itself
-        adds a little per op: shares, not speeds."""
+    def profile(self, n: int, seed: int, top: int = 25, batch: int = 1) -> dict[str, Any]:
+        """Where one decode step's time goes: torch's profiler around a tg(n) run of `batch`
+        sequences decoded together (their prompts prefilled in one step, then n steps of
+        `batch` tokens). Time per op is self CPU time on the engine thread (an op's parallel
+        work is inside it); what no op accounts for is Python / vLLM bookkeeping between ops.
+        Our kernels are torch ops (edge_w4::*), so the profiler names them like any other op.
+        The profiler itself adds a little per op: shares, not speeds."""
         from torch.profiler import ProfilerActivity, profile
 
-        self.tg(min(n, 8), seed)  # warm
+        self._batch(min(n, 8), seed, batch)  # warm
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
-            steps_s = self.tg(n, seed)
+            steps_s = self._batch(n, seed, batch)
             wall = time.perf_counter() - t0
         ops = []
         for e in prof.key_averages():
@@ -192,6 +195,28 @@ class OursRunner:
         in_ops = sum(o["self_us"] for o in ops) / 1e6
         return {"tokens": n, "decode_s": steps_s, "wall_s": wall, "in_ops_s": in_ops,
                 "ops": ops[:top], "ops_total": len(ops)}
+
+    def _batch(self, n: int, seed: int, batch: int) -> float:
+        """n decode steps of `batch` sequences together: the median over the sequences of
+        last - first token time (tg(n) when batch is 1)."""
+        if batch == 1:
+            return self.tg(n, seed)
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=n + 1, ignore_eos=True, temperature=0.0, detokenize=False)
+        prompts = [TokensPrompt(prompt_token_ids=random_ids(1, self.token_range, seed * 1000 + i))
+                   for i in range(batch)]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        spans = []
+        for out in outs:
+            m = out.metrics
+            if m is None or not m.first_token_ts:
+                raise RuntimeError("vLLM returned no request timestamps (metrics); cannot time")
+            if len(out.outputs[0].token_ids) != n + 1:
+                raise RuntimeError(f"asked for {n + 1} tokens, vLLM produced {len(out.outputs[0].token_ids)}")
+            spans.append(m.last_token_ts - m.first_token_ts)
+        return statistics.median(spans)
 
     # -- fidelity (edge_harness.fidelity) ----------------------------------------------
     def logprobs(self, ids: list[int], first: int):
