@@ -2,8 +2,9 @@
 """docs/analysis/kernels.md's per-shape table, generated from one `bench gemm` run.
 
 Per decode shape of the model: the GB/s of packed weights our AVX-512 kernels stream at M=1
-(W4A16 and W4A8, bf16 activations), bf16 F.linear's at M=1 for scale, and the per-call time of
-our W4A16 kernel at M = 2..16 as a multiple of its M=1 time (batched decode). Medians of the
+(W4A16 and W4A8, bf16 activations), bf16 F.linear's at M=1 for scale, the per-call time at M=8
+of both and of F.linear, and the per-call time of both at M = 2..16 as a multiple of its M=1
+time (batched decode). Medians of the
 run's repetitions. `python3 tools/kernel_table.py` rewrites the block between the markers;
 `--check` fails when the committed block differs from what the records give.
 """
@@ -42,20 +43,30 @@ def block(records: list[dict]) -> str:
              + (f" (`{next(iter(one_thread.values()))['command']}`)" if one_thread else "") + ".",
              "",
              "| layer | N x K | W4A16 GB/s, M=1 | W4A8 GB/s, M=1 | 1 thread: W4A16 / W4A8 GB/s | "
-             "bf16 F.linear GB/s, M=1 | " + " | ".join(f"W4A16 time M={m} / M=1" for m in BATCH) + " |",
-             "|---|---|---:|---:|---:|---:|" + "---:|" * len(BATCH)]
+             "bf16 F.linear GB/s, M=1 | ms per call at M=8: W4A16 / W4A8 / F.linear | "
+             + " | ".join(f"time M={m} / M=1: W4A16 / W4A8" for m in BATCH) + " |",
+             "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(BATCH)]
+
+    def ratio(quant: str, m: int, layer: str) -> str:
+        key = ("edge-avx512", quant, m, layer)
+        return f"{seconds(key) / seconds(key[:2] + (1, layer)):.2f}x" if key in by else "not run"
+
+    def ms(engine: str, quant: str, layer: str) -> str:
+        key = (engine, quant, 8, layer)
+        return f"{seconds(key) * 1e3:.3f}" if key in by else "not run"
+
     for layer in LAYERS:
         a16 = by[("edge-avx512", "w4a16", 1, layer)]
         a8 = by[("edge-avx512", "w4a8", 1, layer)]
         fl = by[("F.linear", "bf16", 1, layer)]
-        one = seconds(("edge-avx512", "w4a16", 1, layer))
-        ratios = [f"{seconds(('edge-avx512', 'w4a16', m, layer)) / one:.2f}x"
-                  if ("edge-avx512", "w4a16", m, layer) in by else "not run" for m in BATCH]
         t1 = [one_thread.get((q, layer)) for q in ("w4a16", "w4a8")]
         single = " / ".join(f"{r['achieved_gbs']:.1f}" if r else "not run" for r in t1)
+        at8 = " / ".join(ms(e, q, layer) for e, q in (("edge-avx512", "w4a16"), ("edge-avx512", "w4a8"),
+                                                      ("F.linear", "bf16")))
         lines.append(f"| {layer} | {a16['extra']['n']}x{a16['extra']['k']} | {a16['achieved_gbs']:.1f} | "
-                     f"{a8['achieved_gbs']:.1f} | {single} | {fl['achieved_gbs']:.1f} | "
-                     + " | ".join(ratios) + " |")
+                     f"{a8['achieved_gbs']:.1f} | {single} | {fl['achieved_gbs']:.1f} | {at8} | "
+                     + " | ".join(f"{ratio('w4a16', m, layer)} / {ratio('w4a8', m, layer)}" for m in BATCH)
+                     + " |")
     return "\n".join(lines + [""])
 
 
