@@ -1247,7 +1247,10 @@ torch::Tensor linear_nib128(const torch::Tensor& x_in, const Weights& w, int64_t
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
   const torch::Tensor x = x_in.scalar_type() == torch::kBFloat16 ? x_in.contiguous() : as_float(x_in);
   const int64_t m = x.size(0);
-  auto y = torch::empty({m, w.n}, torch::kFloat);
+  // fp32 sums in per-thread scratch: an LM head's output (600 KB per token) freshly allocated
+  // would be new pages, faulted in on every call
+  thread_local std::vector<float> y_buf;
+  float* yp = scratch(y_buf, m * w.n);
 #if defined(__x86_64__)
   thread_local std::vector<int8_t> xq_buf;
   thread_local std::vector<float> sx_buf, xs_buf;
@@ -1266,14 +1269,15 @@ torch::Tensor linear_nib128(const torch::Tensor& x_in, const Weights& w, int64_t
   } else {
     quant(0, m);
   }
-  rows_nib128_all(w, xq, sx, xs, m, y.data_ptr<float>(), isa == kAvx512Vnni);
+  rows_nib128_all(w, xq, sx, xs, m, yp, isa == kAvx512Vnni);
 #endif
   if (x_in.scalar_type() == torch::kBFloat16 && m * w.n >= 4096 && cpu_has("avx512bf16")) {
     auto out = torch::empty({m, w.n}, torch::kBFloat16);
-    to_bf16(y.data_ptr<float>(), m * w.n, out.data_ptr<c10::BFloat16>());
+    to_bf16(yp, m * w.n, out.data_ptr<c10::BFloat16>());
     return out;
   }
-  return finish(y, x_in.scalar_type());
+  // the out tensor owns its memory (the scratch is reused by the next call)
+  return finish(torch::from_blob(yp, {m, w.n}, torch::kFloat).clone(), x_in.scalar_type());
 }
 
 // What every GEMV checks first: the instruction-set path, the packed weights, and fp32 [M, K]
