@@ -18,7 +18,7 @@ from generated_block import ROOT, bench_records, rewrite
 
 PAGE = ROOT / "docs" / "analysis" / "kernels.md"
 START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end -->"
-RUN = "20261201T092251-5744"
+RUN = "20261201T151411-3360"
 RUN_1T = "20261201T101122-7520"  # the same shapes at M=1 on one thread
 LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 BATCH = (2, 4, 8, 16)
