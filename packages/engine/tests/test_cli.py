@@ -19,6 +19,33 @@ def test_every_subcommand_has_help():
         assert "usage: edge-infer" in out.stdout
 
 
+def test_every_flag_has_help_text():
+    """`--help` explains every option and argument of every installed subcommand."""
+    import argparse
+
+    from edge_infer.cli import build_parser
+
+    missing = []
+
+    def walk(parser, path):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+            elif not action.help and action.dest != "help":
+                missing.append(" ".join([*path, *(action.option_strings or [action.dest])]))
+
+    walk(build_parser(), ["edge-infer"])
+    assert not missing, f"flags without help text: {missing}"
+
+
+def test_unknown_profile_is_a_one_line_error():
+    """`serve --profile typo` names the shipped profiles instead of silently serving defaults."""
+    out = run_cli("serve", "--profile", "no-such-profile", "--dry-run")
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "no profile 'no-such-profile'; shipped:" in out.stderr and "smollm2-135m" in out.stderr
+
+
 def test_bad_usage_exits_2():
     out = run_cli("no-such-command")
     assert out.returncode == 2

@@ -154,3 +154,21 @@ def test_threshold_outside_a_fraction_of_a_core_is_refused(value):
     """--threshold 9 would let every run through the guard: only (0, 1] is accepted."""
     out = cli("bench", "run", "-m", "qwen3-0.6b-random", "-e", "ours:w4a16", "--threshold", value)
     assert out.returncode == 2 and "choose a fraction of one core in (0, 1]" in out.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["bench", "load", "--cores", "x", "--seconds", "1"], "--cores 'x': expected CPU ids"),
+    (["bench", "load", "--cores", "0", "--seconds", "0"], "--seconds: must be greater than 0"),
+    (["bench", "run", "-m", "smollm2-135m", "-e", "ours:w4a16", "--window", "-1"],
+     "--window: must be greater than 0"),
+    (["bench", "run", "-m", "smollm2-135m", "-e", "ours:w4a16", "--wait", "soon"],
+     "--wait: expected a number of seconds"),
+    (["bench", "run", "-m", "smollm2-135m", "-e", ":q4_0"], "expected ENGINE:QUANT"),
+    (["bench", "profile", "-e", "ours:w4a16", "--lock-wait", "-5"], "--lock-wait: must be 0 or more"),
+], ids=["cores", "seconds", "window", "wait", "engine-spec", "lock-wait"])
+def test_bad_bench_input_is_a_one_line_error(args, message):
+    """A typo on the command line is the usage line and one error line, never a traceback."""
+    out = cli(*args, timeout=120)
+    assert out.returncode in (1, 2), out.stderr
+    assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len([line for line in out.stderr.splitlines() if "error" in line]) == 1

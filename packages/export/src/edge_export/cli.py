@@ -30,10 +30,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "target and score its logits by SQNR against the float eager model. Targets: "
         + "; ".join(f"{k}: {v}" for k, v in TARGET_HELP.items()),
     )
-    p.add_argument("model", metavar="MODEL")
+    p.add_argument("model", metavar="MODEL", help="folder or model name (see `models list`)")
     p.add_argument("--target", required=True, choices=sorted(TARGET_HELP), metavar="T",
                    help=", ".join(TARGET_HELP))
-    p.add_argument("--out", required=True, type=Path, metavar="DIR")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder the export is written to")
     p.add_argument("--unit", choices=("decoder", "block"), default="decoder",
                    help="the whole decoder, or its first transformer block (the quick unit)")
     p.add_argument("--calibration", type=int, default=16, metavar="N",

@@ -33,6 +33,27 @@ def _ints(text: str) -> list[int]:
             f"expected comma-separated integers, got {text!r}") from None
 
 
+def _positive(text: str) -> float:
+    """A number of seconds greater than zero (argparse type: a bad value is a one-line error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def _nonnegative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def _list(values: list[str]) -> list[str]:
     return [x.strip() for v in values for x in v.split(",") if x.strip()]
 
@@ -60,11 +81,11 @@ def _guard_flags(p: argparse.ArgumentParser) -> None:
                    "sees foreign load; records say guard: overridden")
     g.add_argument("--threshold", type=_fraction, default=0.15,
                    help="foreign load allowed per core, fraction of one core (default 0.15)")
-    g.add_argument("--window", type=float, default=1.0,
+    g.add_argument("--window", type=_positive, default=1.0,
                    help="seconds the guard samples before each measurement (default 1)")
-    g.add_argument("--wait", type=float, default=0.0,
+    g.add_argument("--wait", type=_nonnegative, default=0.0,
                    help="seconds to wait for busy cores to become idle before refusing")
-    g.add_argument("--lock-wait", type=float, default=0.0,
+    g.add_argument("--lock-wait", type=_nonnegative, default=0.0,
                    help="seconds to wait for another benchmark's lock before refusing")
 
 
@@ -94,7 +115,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("-t", "--threads", type=_ints, default=None,
                    help="thread counts (default: one per chosen core); each uses the first N "
                    "chosen cores")
-    r.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved")
+    r.add_argument("--schedule", choices=("interleaved", "sequential"), default="interleaved",
+                   help="interleaved: engines alternate within each repetition (default); "
+                   "sequential: all repetitions of one engine, then the next")
     r.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
     r.add_argument("--no-ceiling", action="store_true",
                    help="skip the streaming-read ceiling (reuse the newest one in --results)")
@@ -104,13 +127,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     ld = bsub.add_parser("load", help="load generator: busy processes on cores, bounded in time")
     ld.add_argument("--cores", required=True, help="CPU ids to load, e.g. 0,1")
-    ld.add_argument("--seconds", type=float, required=True, help="how long (it stops by itself)")
+    ld.add_argument("--seconds", type=_positive, required=True, help="how long (it stops by itself)")
     ld.set_defaults(func=cmd_load)
 
     c = bsub.add_parser("ceiling", help="streaming-read bandwidth ceiling on the chosen cores")
-    c.add_argument("-t", "--threads", type=int, default=None)
+    c.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
     c.add_argument("--gib", type=float, default=1.0, help="GiB read per core (default 1)")
-    c.add_argument("--passes", type=int, default=5)
+    c.add_argument("--passes", type=int, default=5, help="passes; the ceiling is the best (default 5)")
     _results_flags(c)
     _guard_flags(c)
     c.set_defaults(func=cmd_ceiling)
@@ -118,7 +141,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = bsub.add_parser("gemm", help="our 4-bit kernels vs bf16/fp32 F.linear, model shapes")
     g.add_argument("-m", "--model", action="append", default=[],
                    help="models whose linear shapes to use (default smollm2-135m)")
-    g.add_argument("-t", "--threads", type=int, default=None)
+    g.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
     g.add_argument("--m-sizes", type=_ints, default=[1, 512], help="M values (1,512)")
     g.add_argument("--kernels", default=None, help="4-bit kernels (default: all available)")
     g.add_argument("--min-time", type=float, default=0.3, help="seconds timed per case")
@@ -127,20 +150,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=cmd_gemm)
 
     pf = bsub.add_parser("profile", help="per-op split of our engine's decode step (torch profiler)")
-    pf.add_argument("-m", "--model", default="qwen3-0.6b-random")
+    pf.add_argument("-m", "--model", default="qwen3-0.6b-random", help="model (see `models list`)")
     pf.add_argument("-e", "--engine", default="ours:w4a16-head", help="ours:QUANT")
     pf.add_argument("-n", "--n-gen", type=int, default=32, help="decode steps profiled (32)")
     pf.add_argument("-b", "--batch", type=int, default=1,
                     help="sequences decoded together in each step (1; batched decode)")
-    pf.add_argument("-t", "--threads", type=int, default=None)
-    pf.add_argument("--cores", type=_ints, default=None)
-    pf.add_argument("--results", type=Path, default=DEFAULT_RESULTS.with_name("profile.jsonl"))
-    pf.add_argument("--no-results", action="store_true")
-    pf.add_argument("--lock-wait", type=float, default=0.0)
+    pf.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
+    pf.add_argument("--cores", type=_ints, default=None, help="CPU ids to pin to, e.g. 0,1")
+    pf.add_argument("--results", type=Path, default=DEFAULT_RESULTS.with_name("profile.jsonl"),
+                    help="JSONL the record is appended to")
+    pf.add_argument("--no-results", action="store_true", help="print only; write no record")
+    pf.add_argument("--lock-wait", type=_nonnegative, default=0.0,
+                    help="seconds to wait for another benchmark's lock before refusing")
     pf.set_defaults(func=cmd_profile)
 
     rp = bsub.add_parser("report", help="markdown tables + PNG plots from the results JSONL")
-    rp.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    rp.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="bench JSONL to read")
     rp.add_argument("--out", type=Path, default=None,
                     help="output folder (default: the results file's folder)")
     rp.set_defaults(func=cmd_report)
@@ -180,7 +205,10 @@ def cmd_load(args: argparse.Namespace) -> int:
     from edge_harness.isolation import load
     from edge_harness.isolation.topology import parse_cpu_list
 
-    cores = parse_cpu_list(args.cores)
+    try:
+        cores = parse_cpu_list(args.cores)
+    except ValueError:
+        raise UsageError(f"--cores {args.cores!r}: expected CPU ids like 0,1 or 0-3") from None
     allowed = os.sched_getaffinity(0)
     if not cores or not set(cores) <= allowed:
         raise UsageError(f"--cores {args.cores}: choose among {sorted(allowed)}")

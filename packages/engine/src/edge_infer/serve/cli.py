@@ -28,10 +28,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "vLLM's OpenAI-compatible server and its edge profile. With no MODEL, serves "
         "smollm2-135m quantized to W4A16 (built on first use).",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL")
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help="folder or model name (see `models list`); default: the default model's 4-bit build")
     p.add_argument("--host", default=os.environ.get("EDGE_INFER_HOST", "127.0.0.1"),
                    help="bind address (default 127.0.0.1, or EDGE_INFER_HOST; the image sets 0.0.0.0)")
-    p.add_argument("--port", type=_port, default=8000)
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
     p.add_argument("--api-key", default=os.environ.get("EDGE_INFER_API_KEY"),
                    help="require this bearer key (or EDGE_INFER_API_KEY)")
     p.add_argument("--profile", help="profile name or .toml file (default: the model's own)")
@@ -104,11 +105,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="one-off completion through vLLM (no server)")
     p.add_argument("model", metavar="MODEL", help="folder or model name (see `models list`)")
-    p.add_argument("prompt", metavar="PROMPT")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("prompt", metavar="PROMPT", help="the text to continue")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate (64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    p.add_argument("--profile")
+    p.add_argument("--profile", help="profile name or .toml file (default: the model's own)")
     p.set_defaults(func=cmd_generate)
 
 

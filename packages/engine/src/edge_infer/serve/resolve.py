@@ -38,11 +38,11 @@ def default_build(name: str, profile: profiles.Profile) -> Path:
 
 def resolve(model: str | None, profile_arg: str | None = None) -> Resolved:
     if model is None:
-        prof = profiles.load(profile_arg or DEFAULT_MODEL)
+        prof = profiles.load(profile_arg or DEFAULT_MODEL, required=bool(profile_arg))
         path = default_build(DEFAULT_MODEL, prof)
         return Resolved(path, f"{DEFAULT_MODEL}-{prof.quant.scheme}", prof)
     if model in REGISTRY:
-        prof = profiles.load(profile_arg or model)
+        prof = profiles.load(profile_arg or model, required=bool(profile_arg))
         return Resolved(pull(model).hf_dir, model, prof)
     path = Path(model).expanduser()
     if not path.exists():
@@ -54,5 +54,5 @@ def resolve(model: str | None, profile_arg: str | None = None) -> Resolved:
         json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as exc:
         raise EdgeInferError(f"{path}/config.json is not valid JSON: {exc}") from None
-    prof = profiles.load(profile_arg) if profile_arg else profiles.Profile()
+    prof = profiles.load(profile_arg, required=True) if profile_arg else profiles.Profile()
     return Resolved(path.resolve(), path.name, prof)

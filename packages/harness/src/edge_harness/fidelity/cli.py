@@ -30,28 +30,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--prompts", type=int, default=12, help="greedy prompts, 0 to skip (12)")
     r.add_argument("--n-gen", type=int, default=32, help="greedy tokens per prompt (32)")
     r.add_argument("--cores", help="CPU ids to pin to (default: all physical cores)")
-    r.add_argument("-t", "--threads", type=int, default=None)
-    r.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
-    r.add_argument("--no-results", action="store_true")
+    r.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
+    r.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="JSONL the records are appended to")
+    r.add_argument("--no-results", action="store_true", help="print only; write no record")
     r.set_defaults(func=cmd_run)
 
     rp = fsub.add_parser("report", help="render fidelity.md from the JSONL")
-    rp.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    rp.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="fidelity JSONL to read")
     rp.add_argument("--out", type=Path, default=None, help="default: fidelity.md beside --results")
     rp.add_argument("--command", default="nox -s fidelity", help="command named in the page")
     rp.set_defaults(func=cmd_report)
 
     x = fsub.add_parser("crosscheck", help="our llama.cpp numbers against llama-perplexity "
                         "--kl-divergence on the same text and GGUFs")
-    x.add_argument("-m", "--model", default="smollm2-135m")
+    x.add_argument("-m", "--model", default="smollm2-135m", help="model (see `models list`)")
     x.add_argument("-b", "--build", default="q4_0", help="llama.cpp quant to score (q4_0)")
-    x.add_argument("--corpus", default="lee")
-    x.add_argument("--chunks", type=int, default=4)
-    x.add_argument("--ctx", type=int, default=512)
+    x.add_argument("--corpus", default="lee", help="corpus (lee, shakespeare)")
+    x.add_argument("--chunks", type=int, default=4, help="chunks of the corpus (4)")
+    x.add_argument("--ctx", type=int, default=512, help="tokens per chunk (512)")
     x.add_argument("--tolerance", type=float, default=0.01,
                    help="relative agreement required for mean KL and same top (0.01)")
-    x.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
-    x.add_argument("--no-results", action="store_true")
+    x.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="JSONL the record is appended to")
+    x.add_argument("--no-results", action="store_true", help="print only; write no record")
     x.set_defaults(func=cmd_crosscheck)
 
 
