@@ -141,6 +141,8 @@ BAD = {
     "1 MB prompt": json.dumps({"model": MODEL, "prompt": "x" * (1 << 20),
                                "max_tokens": 4}).encode(),
     "messages not a list": json.dumps({"model": MODEL, "messages": "hi"}).encode(),
+    "unknown chat role": json.dumps({"model": MODEL, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "wizard", "content": "hi"}]}).encode(),
 }
 
 
@@ -153,6 +155,8 @@ def test_bad_request_is_4xx_with_message(server, client, case):
     error = body.get("error")
     message = error.get("message") if isinstance(error, dict) else error
     assert message, body
+    if case == "unknown chat role":  # as OpenAI's API answers it, naming the message
+        assert status == 400 and "messages[1].role: 'wizard' is not a chat role" in message, body
     # and the server still answers a normal request
     r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)
     assert r.choices[0].text is not None

@@ -67,6 +67,8 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "--max-num-seqs", str(s.max_num_seqs),
         "--enable-prefix-caching" if prefix else "--no-enable-prefix-caching",
         "--disable-uvicorn-access-log",
+        # OpenAI-strict checks vLLM does not make (an unknown chat role is a 400)
+        "--middleware", "edge_infer.serve.strict.check_request",
         # The worker in the engine-core process: no third process and no shared-memory queues
         # (160 + 240 MiB of /dev/shm, more than a container's default 64 MiB). vLLM's CPU
         # platform keeps "uni" only with VLLM_ENABLE_V1_MULTIPROCESSING=0 (set below); the API
