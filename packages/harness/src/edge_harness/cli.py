@@ -33,25 +33,24 @@ def _ints(text: str) -> list[int]:
             f"expected comma-separated integers, got {text!r}") from None
 
 
-def _positive(text: str) -> float:
-    """A number of seconds greater than zero (argparse type: a bad value is a one-line error)."""
+def _seconds(text: str, *, zero_ok: bool) -> float:
+    """A number of seconds, > 0 (or >= 0 with zero_ok); a bad value is argparse's one-line error."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    if not (value >= 0 if zero_ok else value > 0):
+        bound = "0 or more" if zero_ok else "greater than 0"
+        raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
     return value
+
+
+def _positive(text: str) -> float:
+    return _seconds(text, zero_ok=False)
 
 
 def _nonnegative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
+    return _seconds(text, zero_ok=True)
 
 
 def _list(values: list[str]) -> list[str]:

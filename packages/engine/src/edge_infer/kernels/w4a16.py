@@ -115,7 +115,7 @@ class _Edge:
     (prefill) go to tiles dequantized to fp32 and torch's fp32 GEMM, which on AVX2 runs several
     times faster than bf16, or, for bf16 activations on AVX512-BF16 CPUs (words128), to bf16
     tiles and torch's bf16 GEMM. W4A8 on AVX-512 CPUs (nib128 codes) runs its int8 loop
-    (`vpdpbusd` with VNNI) for every M: 4 rows per token at M=1, 2 rows x 4 tokens past it."""
+    (`vpdpbusd` with VNNI) for every M: 4 rows per token at M=1, 4 rows x 4 tokens past it."""
 
     isa = ""
     self_check = False

@@ -149,22 +149,31 @@ class OursRunner:
         return dict(sorted(per_worker[0].items())) if per_worker else {}
 
     def _run(self, ids: list[int], max_tokens: int):
+        return self._generate([ids], max_tokens)[0]
+
+    def _generate(self, prompts: list[list[int]], max_tokens: int) -> list:
+        """The prompts decoded together, greedily, max_tokens each: their vLLM request metrics
+        (the timestamps we time with), after checking that every one is there and complete."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
                                 detokenize=False)
         t0 = time.perf_counter()
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
+                                 use_tqdm=False)
         wall = time.perf_counter() - t0
-        m = out[0].metrics
-        got = len(out[0].outputs[0].token_ids)
-        if m is None or not m.first_token_ts:
-            raise RuntimeError("vLLM returned no request timestamps (metrics); cannot time")
-        if got != max_tokens:
-            raise RuntimeError(f"asked for {max_tokens} tokens, vLLM produced {got}")
+        metrics = []
+        for out in outs:
+            m = out.metrics
+            got = len(out.outputs[0].token_ids)
+            if m is None or not m.first_token_ts:
+                raise RuntimeError("vLLM returned no request timestamps (metrics); cannot time")
+            if got != max_tokens:
+                raise RuntimeError(f"asked for {max_tokens} tokens, vLLM produced {got}")
+            metrics.append(m)
         self.last_wall = wall
-        return m
+        return metrics
 
     def pp(self, n: int, seed: int) -> float:
         m = self._run(random_ids(n, self.token_range, seed), max_tokens=1)
@@ -201,22 +210,9 @@ class OursRunner:
         last - first token time (tg(n) when batch is 1)."""
         if batch == 1:
             return self.tg(n, seed)
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=n + 1, ignore_eos=True, temperature=0.0, detokenize=False)
-        prompts = [TokensPrompt(prompt_token_ids=random_ids(1, self.token_range, seed * 1000 + i))
-                   for i in range(batch)]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
-        spans = []
-        for out in outs:
-            m = out.metrics
-            if m is None or not m.first_token_ts:
-                raise RuntimeError("vLLM returned no request timestamps (metrics); cannot time")
-            if len(out.outputs[0].token_ids) != n + 1:
-                raise RuntimeError(f"asked for {n + 1} tokens, vLLM produced {len(out.outputs[0].token_ids)}")
-            spans.append(m.last_token_ts - m.first_token_ts)
-        return statistics.median(spans)
+        prompts = [random_ids(1, self.token_range, seed * 1000 + i) for i in range(batch)]
+        return statistics.median(m.last_token_ts - m.first_token_ts
+                                 for m in self._generate(prompts, n + 1))
 
     # -- fidelity (edge_harness.fidelity) ----------------------------------------------
     def logprobs(self, ids: list[int], first: int):

@@ -347,9 +347,8 @@ torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const t
 
 // vLLM's CPU attention ops (its _C library, loaded by vLLM before any model runs), called
 // boxed: the schema is vLLM's, so the arguments go as on its Python side.
-void call_vllm(const char* name, torch::jit::Stack stack) {
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
-  op.callBoxed(&stack);
+c10::OperatorHandle vllm_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
 }
 
 // One decoder layer of a decode step in one call: attn_in, then vLLM's KV-cache write and
@@ -382,16 +381,21 @@ torch::Tensor decode_layer(
   auto q = qkv.narrow(1, 0, nq * d).view({m, nq, d});
   auto k = qkv.narrow(1, nq * d, nkv * d).view({m, nkv, d});
   auto v = qkv.narrow(1, (nq + nkv) * d, nkv * d).view({m, nkv, d});
-  call_vllm("_C::cpu_attn_reshape_and_cache",
-            {k, v, key_cache, value_cache, slot_mapping, isa, k_scale, v_scale, std::string("auto")});
+  // looked up once (every layer of every decode step calls them)
+  static const c10::OperatorHandle cache_op = vllm_op("_C::cpu_attn_reshape_and_cache");
+  static const c10::OperatorHandle attn_op = vllm_op("_C::cpu_attention_with_kv_cache");
+  torch::jit::Stack cache_args{k, v, key_cache, value_cache, slot_mapping, isa, k_scale, v_scale,
+                               std::string("auto")};
+  cache_op.callBoxed(&cache_args);
   auto out = torch::empty({m, nq, d}, residual.options());
   auto none = c10::IValue();
-  call_vllm("_C::cpu_attention_with_kv_cache",
-            {q.narrow(0, 0, num_actual_tokens), key_cache, value_cache, out.narrow(0, 0, num_actual_tokens),
-             query_start_loc, seq_lens, scale, causal, alibi.has_value() ? c10::IValue(*alibi) : none,
-             window, block_table, softcap, scheduler_metadata, none,
-             dynamic_causal.has_value() ? c10::IValue(*dynamic_causal) : none, k_scale, v_scale,
-             std::string("auto")});
+  torch::jit::Stack attn_args{
+      q.narrow(0, 0, num_actual_tokens), key_cache, value_cache, out.narrow(0, 0, num_actual_tokens),
+      query_start_loc, seq_lens, scale, causal, alibi.has_value() ? c10::IValue(*alibi) : none,
+      window, block_table, softcap, scheduler_metadata, none,
+      dynamic_causal.has_value() ? c10::IValue(*dynamic_causal) : none, k_scale, v_scale,
+      std::string("auto")};
+  attn_op.callBoxed(&attn_args);
   return mlp_out(residual, out.view({m, nq * d}), oq, os, oz, ometa, ln2, eps2, gq, gs, gz, gmeta, dq,
                  ds, dz, dmeta, act, gates.numel() ? c10::optional<torch::Tensor>(gates) : c10::nullopt);
 }

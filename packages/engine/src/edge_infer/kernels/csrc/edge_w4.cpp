@@ -98,7 +98,6 @@ struct Weights {
   int64_t layout;
 };
 
-
 // The words128 layout's kernels need AVX512-BF16 and the AVX-512 path.
 void check_words128(int64_t isa) {
   TORCH_CHECK(cpu_has("avx512bf16") && isa >= kAvx512,
@@ -416,16 +415,6 @@ __attribute__((target(EDGE_AVX512_VNNI))) void dot_w4a8_avx512_vnni(const Weight
 }
 #undef EDGE_W4A8_AVX512_BODY
 
-// nib128 (W4A8 on AVX-512 CPUs; decode, batched decode and prefill alike): per 128 codes 64
-// bytes, byte i holding code 128c+i in its low nibble and 128c+64+i in its high one, so one
-// 64-byte load and an AND (or a shift and an AND) give 64 consecutive unsigned codes for
-// `vpdpbusd` against 64 int8 activations. Each group's int32 sums are folded once per (row,
-// token): float, times P = s_g sx_g (a table made per tile with one multiply per 16 groups),
-// into fp32. The zero points stay out of the loop: the last step subtracts
-// sum_g (z_g s_g) xsum_g, one dot over the groups per (row, token), xsum_g = sx_g sum xq.
-// Measured on a 2-core AMD EPYC (Zen 4 class): `vpdpbusd` zmm issues once per cycle (64 int8
-// MACs), `vdpbf16ps` zmm once per cycle (32 bf16 MACs), so past M=1, where the bf16 loop is
-// compute-bound, the int8 loop has up to twice its arithmetic rate.
 // Lanes 0-7 plus lanes 8-15.
 __attribute__((target(EDGE_AVX512))) inline __m256 fold_halves(__m512 v) {
   return _mm256_add_ps(_mm512_castps512_ps256(v),
@@ -441,6 +430,16 @@ __attribute__((target(EDGE_AVX512))) inline __m128 sum4(__m512 a, __m512 b, __m5
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
+// nib128 (W4A8 on AVX-512 CPUs; decode, batched decode and prefill alike): per 128 codes 64
+// bytes, byte i holding code 128c+i in its low nibble and 128c+64+i in its high one, so one
+// 64-byte load and an AND (or a shift and an AND) give 64 consecutive unsigned codes for
+// `vpdpbusd` against 64 int8 activations. Each group's int32 sums are folded once per (row,
+// token): float, times P = s_g sx_g (a table made per tile with one multiply per 16 groups),
+// into fp32. The zero points stay out of the loop: the last step subtracts
+// sum_g (z_g s_g) xsum_g, one dot over the groups per (row, token), xsum_g = sx_g sum xq.
+// Measured on a 2-core AMD EPYC (Zen 4 class): `vpdpbusd` zmm issues once per cycle (64 int8
+// MACs), `vdpbf16ps` zmm once per cycle (32 bf16 MACs), so past M=1, where the bf16 loop is
+// compute-bound, the int8 loop has up to twice its arithmetic rate.
 #define EDGE_NIB128_TILE(DOT)                                                                        \
   const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();                           \
   [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
@@ -470,9 +469,9 @@ __attribute__((target(EDGE_AVX512))) inline __m128 sum4(__m512 a, __m512 b, __m5
     }                                                                                                 \
     for (int t = 0; t < T; ++t) {                                                                     \
       const int8_t* xt = xq + t * w.k + k0;                                                           \
+      const __m512i x0 = _mm512_loadu_si512(reinterpret_cast<const void*>(xt));                      \
+      const __m512i x1 = _mm512_loadu_si512(reinterpret_cast<const void*>(xt + 64));                 \
       for (int r = 0; r < R; ++r) {                                                                   \
-        const __m512i x0 = _mm512_loadu_si512(reinterpret_cast<const void*>(xt));                    \
-        const __m512i x1 = _mm512_loadu_si512(reinterpret_cast<const void*>(xt + 64));               \
         if (GROUP64) { /* two groups per line: fold each half with its own scale */                   \
           acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(DOT(zero, lo[r], x0)),                       \
                                       _mm512_set1_ps(P[r][t][g0]), acc[r][t]);                        \
@@ -1197,7 +1196,7 @@ void rows_w4a8(const Weights& w, const float* xp, int64_t m, float* yp, int64_t 
 #if defined(__x86_64__)
 // nib128 codes against M quantized tokens into y [M, N], one parallel region. One token
 // (decode): rows 4 at a time, streamed from memory with prefetch. More: blocks of rows whose
-// codes fit in ~16 KiB of L1, each met by the tokens 4 at a time in pairs of rows, so a
+// codes fit in ~16 KiB of L1, each met by the tokens 4 at a time, 4 rows per tile, so a
 // block's codes and a quad's activations stay in L1 while the other is reused.
 void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const float* xs, int64_t m, float* y,
                      bool vnni) {
@@ -1223,14 +1222,17 @@ void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const 
       const int64_t r0 = blk * rb, r1 = std::min(w.n, r0 + rb);
       for (int64_t t = 0; t < m; t += 4) {
         const int64_t t1 = std::min(m, t + 4);
-        int64_t r = r0;
+        auto block = [&](auto prefetch) {
+          constexpr bool P = decltype(prefetch)::value;
+          int64_t r = r0;
+          for (; r + 4 <= r1; r += 4) rows_nib128<4, P>(w, r, xq, sx, xs, t, t1, y, vnni);
+          for (; r < r1; ++r) rows_nib128<1, P>(w, r, xq, sx, xs, t, t1, y, vnni);
+        };
         // the first quad streams the block from memory (prefetched), the others from L1
         if (t == 0) {
-          for (; r + 4 <= r1; r += 4) rows_nib128<4, true>(w, r, xq, sx, xs, t, t1, y, vnni);
-          for (; r < r1; ++r) rows_nib128<1, true>(w, r, xq, sx, xs, t, t1, y, vnni);
+          block(std::true_type{});
         } else {
-          for (; r + 4 <= r1; r += 4) rows_nib128<4, false>(w, r, xq, sx, xs, t, t1, y, vnni);
-          for (; r < r1; ++r) rows_nib128<1, false>(w, r, xq, sx, xs, t, t1, y, vnni);
+          block(std::false_type{});
         }
       }
     }
@@ -1271,13 +1273,16 @@ torch::Tensor linear_nib128(const torch::Tensor& x_in, const Weights& w, int64_t
   }
   rows_nib128_all(w, xq, sx, xs, m, yp, isa == kAvx512Vnni);
 #endif
-  if (x_in.scalar_type() == torch::kBFloat16 && m * w.n >= 4096 && cpu_has("avx512bf16")) {
+  static const bool bf16_ok = cpu_has("avx512bf16");
+  if (x_in.scalar_type() == torch::kBFloat16 && m * w.n >= 4096 && bf16_ok) {
     auto out = torch::empty({m, w.n}, torch::kBFloat16);
     to_bf16(yp, m * w.n, out.data_ptr<c10::BFloat16>());
     return out;
   }
-  // the out tensor owns its memory (the scratch is reused by the next call)
-  return finish(torch::from_blob(yp, {m, w.n}, torch::kFloat).clone(), x_in.scalar_type());
+  // the returned tensor must own its memory (the scratch is reused by the next call): finish
+  // copies into a new one for bf16/fp16, fp32 needs the clone
+  const torch::Tensor y = torch::from_blob(yp, {m, w.n}, torch::kFloat);
+  return x_in.scalar_type() == torch::kFloat ? y.clone() : finish(y, x_in.scalar_type());
 }
 
 // What every GEMV checks first: the instruction-set path, the packed weights, and fp32 [M, K]
