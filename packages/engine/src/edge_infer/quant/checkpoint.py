@@ -5,16 +5,14 @@ and MLP projections; not Spark-X2.5's tiny head-wise gate `g_proj`), and with
 `quantize_lm_head` the embedding table and LM head too.
 Norms always stay bf16.
 Safetensors in, safetensors out: nothing is ever unpickled. The output folder appears only
-when complete (written beside it, then renamed).
+when complete (edge_infer.atomic: written beside it under a lock, fsynced, then renamed).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +21,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from edge_infer.errors import EdgeInferError
+from edge_infer.atomic import build_beside
+from edge_infer.errors import EdgeInferError, UsageError
 from edge_infer.quant.config import W4Config
 from edge_infer.quant.primitives import SCALE_DTYPES, check_groupable, pack_nibbles, quantize_w4
 
@@ -32,6 +31,8 @@ LINEAR = re.compile(r"^model\.layers\.\d+\..*_proj\.weight$")
 # to matter, and our vLLM class builds it unquantized.
 KEEP = re.compile(r"^model\.layers\.\d+\.self_attn\.g_proj\.weight$")
 VOCAB = ("model.embed_tokens.weight", "model.embedding.weight", "lm_head.weight")
+# Written by every build, and what --overwrite looks for before it replaces a folder.
+MARKER = "edge_infer_quant.json"
 COPY_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
               "generation_config.json", "chat_template.jinja", "tokenizer.model",
               "vocab.json", "merges.txt")
@@ -67,7 +68,12 @@ def read_config(model_dir: Path) -> dict:
     path = model_dir / "config.json"
     if not path.is_file():
         raise EdgeInferError(f"{model_dir} is not a HF model folder (no config.json)")
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EdgeInferError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise EdgeInferError(f"{path} is not a HF config (a JSON object)")
     if "quantization_config" in config:
         method = config["quantization_config"].get("quant_method")
         raise EdgeInferError(f"{model_dir} is already quantized ({method}); give a bf16/fp32 model")
@@ -115,13 +121,11 @@ def quantize_checkpoint(model_dir: Path, out_dir: Path, cfg: W4Config,
                         overwrite: bool = False) -> QuantReport:
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     config = read_config(model_dir)
-    if out_dir.exists() and not overwrite:
-        raise EdgeInferError(f"{out_dir} exists; remove it or pass --overwrite")
     files = weight_files(model_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    tmp.chmod(0o755)
-    try:
+    check_replaceable(out_dir, overwrite)  # before the lock: a refusal leaves nothing behind
+    with build_beside(out_dir) as tmp:
+        # again under the lock: a build that waited for another sees what that one wrote
+        check_replaceable(out_dir, overwrite)
         n_q = n_kept = 0
         q_weights = q_bytes = 0
         total_params = 0
@@ -162,15 +166,23 @@ def quantize_checkpoint(model_dir: Path, out_dir: Path, cfg: W4Config,
             linear_bits_per_weight=8 * q_bytes / max(q_weights, 1),
             model_bits_per_weight=8 * data_bytes / max(total_params, 1),
         )
-        (tmp / "edge_infer_quant.json").write_text(json.dumps(report.as_dict() | {
+        (tmp / MARKER).write_text(json.dumps(report.as_dict() | {
             "source": str(model_dir.name), "config": cfg.to_hf()}, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-        return report
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return report
+
+
+def check_replaceable(out_dir: Path, overwrite: bool) -> None:
+    """--overwrite replaces only what quantize wrote: a folder holding MARKER (or nothing)."""
+    if out_dir.is_symlink() or (out_dir.exists() and not out_dir.is_dir()):
+        raise UsageError(f"OUT_DIR {out_dir} is not a folder; give a new folder path "
+                         "(nothing was written)")
+    if not out_dir.exists():
+        return
+    if not overwrite:
+        raise UsageError(f"{out_dir} exists; remove it or pass --overwrite")
+    if not (out_dir / MARKER).is_file() and any(out_dir.iterdir()):
+        raise UsageError(f"OUT_DIR {out_dir} is not an edge-infer checkpoint (no {MARKER}), "
+                         "so --overwrite leaves it alone; give another folder or remove it yourself")
 
 
 def _tensor_bytes(path: Path) -> int:

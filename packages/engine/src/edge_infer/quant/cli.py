@@ -23,7 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="dtype of the stored scales")
     p.add_argument("--quantize-lm-head", action="store_true",
                    help="also 4-bit the LM head and embedding table (tied or not)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it is a checkpoint quantize wrote (it holds "
+                   "edge_infer_quant.json); any other file or folder is refused")
     p.set_defaults(func=cmd_quantize)
 
 
