@@ -172,3 +172,116 @@ def test_bad_bench_input_is_a_one_line_error(args, message):
     assert out.returncode in (1, 2), out.stderr
     assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert len([line for line in out.stderr.splitlines() if "error" in line]) == 1
+
+
+# -- the guard's arithmetic on synthetic counters (no load, no sleeping) ---------------------
+from edge_harness.isolation.guard import Sample  # noqa: E402
+
+
+def samples(windows, own=None, dt=0.5, cpus=(0, 1)):
+    """Cumulative counters, as /proc/stat gives them, from per-sub-window busy fractions:
+    windows[i] = {cpu: fraction of the cpu busy}, own[i] = cores' worth used by the child."""
+    t, busy, used = 100.0, dict.fromkeys(cpus, 5000.0), 40.0
+    out = [Sample(t, dict(busy), used)]
+    for i, w in enumerate(windows):
+        t += dt
+        for c in cpus:
+            busy[c] += w.get(c, 0.0) * dt
+        used += (own[i] if own else 0.0) * dt
+        out.append(Sample(t, dict(busy), used))
+    return out
+
+
+def no_smt(tmp_path):
+    for c in range(4):
+        (tmp_path / f"cpu{c}" / "topology").mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"cpu{c}" / "topology" / "thread_siblings_list").write_text(f"{c}\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(("engine", "burst"), [
+    ({}, {1: 1.0}),  # an idle engine (a sleeper): core 1 taken whole for 0.5 s
+    ({0: 0.8, 1: 0.8}, {1: 1.0}),  # an engine at 0.8 per core; the burst takes the rest of cpu1
+], ids=["engine-idle", "engine-busy"])
+def test_a_one_core_burst_the_mean_passes_is_refused(tmp_path, engine, burst):
+    """10 s on 2 cores, one core busy with something else for one 0.5 s sub-window: the
+    mean over the run is 0.01-0.03 of a core, far below 0.15; the worst one core is not."""
+    quiet = dict(engine)
+    own = sum(engine.values())
+    windows = [quiet] * 20
+    windows[7] = {**engine, **burst}
+    owns = [own] * 20
+    owns[7] = own - 0.5 * bool(engine)  # the engine's thread on cpu1 lost half of the window
+    guard = Guard([0, 1], threshold=0.15, topology=no_smt(tmp_path))
+    reading = guard.reading_during(samples(windows, owns))
+    assert reading.foreign <= 0.15 / 5, reading  # the mean alone would have passed
+    assert reading.peak > 0.15 and reading.peak_core == 1, reading
+    with pytest.raises(GuardRefused, match=r"worst one core cpu1 .* over 0\.5 s"):
+        guard.judge(reading, "a test")
+    forced = Guard([0, 1], threshold=0.15, force=True, topology=no_smt(tmp_path))
+    verdict = forced.verdict().add(forced.judge(reading, "a test"), reading)
+    assert verdict.fields()["guard"] == "overridden"
+    assert verdict.fields()["guard_peak_load"] == pytest.approx(reading.peak, abs=1e-4)
+
+
+def test_an_engine_alone_with_uneven_threads_is_not_foreign(tmp_path):
+    """The child's own time is not placed on a core by the counters: a main thread at 100%
+    beside a worker at 40% must not read as foreign load on the main thread's core."""
+    guard = Guard([0, 1], threshold=0.15, topology=no_smt(tmp_path))
+    reading = guard.reading_during(samples([{0: 1.0, 1: 0.4}] * 8, [1.4] * 8))
+    assert reading.foreign == pytest.approx(0, abs=1e-9)
+    assert reading.peak == pytest.approx(0, abs=1e-9)
+    assert guard.judge(reading, "a test") == "ok"
+
+
+def test_a_short_tail_is_joined_to_the_last_sub_window(tmp_path):
+    """The last sample is taken when the run ends: 0.05 s of 10 ms ticks would read one
+    stray tick as 20% of a core."""
+    guard = Guard([0], threshold=0.15, topology=no_smt(tmp_path))
+    s = samples([{}] * 4, cpus=(0,))
+    tick = Sample(s[-1].t + 0.05, {0: s[-1].busy[0] + 0.01}, s[-1].own)
+    reading = guard.reading_during([*s, tick])
+    assert reading.peak == pytest.approx(0.01 / 0.55)
+    assert guard.judge(reading, "a test") == "ok"
+
+
+def smt_topology(tmp_path):
+    """Two physical cores with two hyper-threads each: cpu0/cpu2 and cpu1/cpu3."""
+    for c, sibs in {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}.items():
+        (tmp_path / f"cpu{c}" / "topology").mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"cpu{c}" / "topology" / "thread_siblings_list").write_text(sibs + "\n")
+    return tmp_path
+
+
+def test_load_on_an_smt_sibling_counts_against_the_pinned_core(tmp_path):
+    guard = Guard([0, 1], threshold=0.15, topology=smt_topology(tmp_path))
+    assert guard.siblings == {0: [2], 1: [3]} and guard.watched == [0, 1, 2, 3]
+    cpus = (0, 1, 2, 3)
+    # Before a run: the chosen cores idle, cpu3 (cpu1's sibling) half busy.
+    s0, s1 = samples([{3: 0.5}], dt=1.0, cpus=cpus)
+    before = guard.reading_before(s0, s1)
+    assert before.per_core == {0: 0.0, 1: 0.5} and before.peak_core == 1
+    with pytest.raises(GuardRefused, match="with SMT siblings 2,3"):
+        guard.judge(before, "a test")
+    # During a run: the engine busy on cpu0 and cpu1, cpu2 busy for one sub-window.
+    windows = [{0: 0.9, 1: 0.9}] * 10
+    windows[4] = {0: 0.9, 1: 0.9, 2: 1.0}
+    reading = guard.reading_during(samples(windows, [1.8] * 10, cpus=cpus))
+    assert reading.foreign <= 0.15 and reading.peak == pytest.approx(1.0)
+    assert reading.peak_core == 0
+    with pytest.raises(GuardRefused):
+        guard.judge(reading, "a test")
+    # The same counters without SMT: cpu2 is not watched, nothing is foreign.
+    plain = Guard([0, 1], threshold=0.15, topology=no_smt(tmp_path / "plain"))
+    assert plain.judge(plain.reading_during(samples(windows, [1.8] * 10, cpus=cpus)), "") == "ok"
+
+
+def test_a_watch_samples_every_sub_window_and_follows_new_children(test_core):
+    """The real counters, no load: a child started inside the watch is part of the tree."""
+    guard = Guard([test_core], threshold=1.0, sub_window=0.2)
+    with guard.watch(os.getpid()) as watch:
+        subprocess.run(["sleep", "0.7"], check=True)
+    assert len(watch.samples) >= 4, watch.samples
+    assert watch.reading.phase == "during" and watch.reading.peak_core == test_core
+    assert watch.reading.peak >= watch.reading.foreign - 1e-9
+

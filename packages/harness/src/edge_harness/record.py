@@ -47,6 +47,13 @@ class Record:
     cpu_flags: list[str] = field(default_factory=list)
     guard: str = "ok"  # "ok" | "overridden" (--force while the guard saw foreign load)
     guard_foreign_load: float | None = None  # worst foreign load seen, fraction of one core
+    # What the guard judged (isolation.guard.Verdict): the worst mean over one measurement,
+    # the worst one core over a sub-window, against the threshold; None in older records.
+    guard_mean_load: float | None = None
+    guard_peak_load: float | None = None
+    guard_threshold: float | None = None
+    guard_window: float | None = None  # seconds sampled before each measurement
+    guard_sub_window: float | None = None  # seconds per sample during one
     # Roofline (decode tests): weight bytes read per token x tok/s, against the ceiling.
     weight_bytes_per_token: int | None = None
     achieved_gbs: float | None = None

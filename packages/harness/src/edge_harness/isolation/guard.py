@@ -5,14 +5,18 @@
 number taken on a busy machine is not a slower number, it is a wrong one.
 
 How load is read: per-core busy time from the kernel (psutil.cpu_times(percpu=True):
-user+nice+system+irq+softirq+steal) on the chosen cores only.
+user+nice+system+irq+softirq+steal) on the chosen cores and their SMT siblings only. A sibling
+(thread_siblings_list) shares the core's execution units, so its load counts against the core.
 - Before a measurement: every chosen core must be below `threshold` (a fraction of one core)
   over a `window`.
 - During a measurement: the measured child is pinned to the chosen cores, so everything it
   used was spent there; foreign load = (busy time of the chosen cores - CPU time of the
-  child's process tree) / (elapsed x cores). Its mean over the run must stay below `threshold`.
+  child's process tree) / (elapsed x cores). Two numbers must stay below `threshold`: the
+  mean over the run, and the peak -- the worst one core over any `sub_window` (0.5 s). The
+  mean alone passes a one-core burst: a core taken for 1 s of a 10 s run on 2 cores is 0.05.
 A refusal names the processes that used CPU in the window (process CPU times before and after),
 and the exit code is non-zero. `--force` runs anyway and the records say `guard: overridden`.
+Every record says what the guard saw (`Verdict.fields`: mean, peak, threshold, windows).
 
 The guard also refuses a misconfigured comparison: engines compared must run on the same
 cores, with the same thread count and the same prefix-caching setting (`check_comparable`).
@@ -23,13 +27,17 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
 
 import psutil
 
+from edge_harness.isolation.topology import SYS_CPU, siblings
 from edge_infer.errors import EdgeInferError
 
 DEFAULT_THRESHOLD = 0.15  # of one core; an idle desktop sits at 0.01-0.05
 DEFAULT_WINDOW = 1.0  # seconds of sampling before each measurement
+SUB_WINDOW = 0.5  # seconds per sample during a run; /proc/stat ticks are 10 ms, so 2% steps
 SETTLE = 0.25  # seconds between a measurement and the next idle check
 
 
@@ -61,21 +69,86 @@ class Busy:
 class Reading:
     phase: str  # "before" | "during"
     seconds: float
-    per_core: dict[int, float]  # busy fraction of each chosen core, all processes
+    per_core: dict[int, float]  # busy fraction of each chosen core (+ its siblings), all processes
     own: float  # cores' worth used by the measured child tree (0 before a run)
-    foreign: float  # the number judged: worst core (before) / mean per core (during)
-    peak: float  # worst sub-window during a run (= foreign before a run)
+    foreign: float  # worst core (before) / mean per core over the whole run (during)
+    peak: float  # worst one core over a sub-window (during); = foreign before a run
     busy: list[Busy] = field(default_factory=list)
+    peak_core: int | None = None  # the core of `peak`
+    peak_seconds: float = 0.0  # length of the sub-window of `peak`
 
     def describe(self) -> str:
         cores = ", ".join(f"cpu{c} {100 * v:.0f}%" for c, v in sorted(self.per_core.items()))
-        return f"foreign load {self.foreign:.2f} of a core over {self.seconds:.1f} s ({cores})"
+        text = f"foreign load {self.foreign:.2f} of a core over {self.seconds:.1f} s ({cores})"
+        if self.phase == "during" and self.peak_core is not None:
+            text += (f", worst one core cpu{self.peak_core} {self.peak:.2f} over "
+                     f"{self.peak_seconds:.1f} s")
+        return text
 
 
-def _busy_seconds(cores: list[int]) -> dict[int, float]:
+@dataclass(frozen=True)
+class Sample:
+    """Cumulative counters at one instant, as /proc/stat and /proc/PID/stat give them."""
+
+    t: float  # monotonic seconds
+    busy: dict[int, float]  # busy seconds of each watched CPU (chosen cores and SMT siblings)
+    own: float = 0.0  # CPU seconds of the measured process tree
+
+
+def foreign_load(a: Sample, b: Sample, cores: list[int],
+                 sibs: dict[int, list[int]]) -> tuple[float, dict[int, float], dict[int, float]]:
+    """(mean foreign load per core, foreign load of each core, busy of each core) from a to b.
+
+    Busy time of a core's SMT siblings is all foreign (the child is pinned to `cores`). The
+    child's own time cannot be placed on a core from these counters, so the foreign time of
+    the chosen cores is split over them in proportion to their busy time: an engine alone
+    reads 0 on every core however uneven its threads, an idle engine's cores read exactly
+    their foreign load, and the worst core never reads below the mean.
+    """
+    dt = max(b.t - a.t, 1e-6)
+
+    def rate(c: int) -> float:
+        return max(0.0, b.busy.get(c, 0.0) - a.busy.get(c, 0.0)) / dt
+
+    busy = {c: rate(c) for c in cores}
+    total = sum(busy.values())
+    foreign = max(0.0, total - max(0.0, b.own - a.own) / dt)
+    sib = {c: sum(rate(s) for s in sibs.get(c, ())) for c in cores}
+    per_core = {c: (busy[c] * foreign / total if total > 0 else 0.0) + sib[c] for c in cores}
+    return (foreign + sum(sib.values())) / len(cores), per_core, {c: busy[c] + sib[c] for c in cores}
+
+
+@dataclass
+class Verdict:
+    """What the guard saw over the measurements of one record, in the record's fields."""
+
+    threshold: float
+    window: float
+    sub_window: float
+    status: str = "ok"
+    mean: float = 0.0  # worst mean foreign load of one measurement (worst core before one)
+    peak: float = 0.0  # worst one core over a sub-window
+
+    def add(self, status: str, reading: Reading) -> Verdict:
+        if status != "ok":
+            self.status = "overridden"
+        self.mean = max(self.mean, reading.foreign)
+        self.peak = max(self.peak, reading.peak)
+        return self
+
+    def fields(self) -> dict:
+        return {"guard": self.status, "guard_foreign_load": round(max(self.mean, self.peak), 4),
+                "guard_mean_load": round(self.mean, 4), "guard_peak_load": round(self.peak, 4),
+                "guard_threshold": self.threshold, "guard_window": self.window,
+                "guard_sub_window": self.sub_window}
+
+
+def _busy_seconds(cpus) -> dict[int, float]:
     times = psutil.cpu_times(percpu=True)
     out = {}
-    for c in cores:
+    for c in cpus:
+        if c >= len(times):  # an offline sibling: nothing runs there
+            continue
         t = times[c]
         out[c] = (t.user + t.nice + t.system + getattr(t, "irq", 0.0)
                   + getattr(t, "softirq", 0.0) + getattr(t, "steal", 0.0))
@@ -101,11 +174,13 @@ def _process_snapshot() -> dict[int, tuple[str, str, float, frozenset[int] | Non
 
 
 def _tree_cpu(pids: set[int]) -> float:
+    # children_* hold the time of reaped children: a process of the tree that exits between
+    # two samples moves its time to its parent instead of taking it out of the sum.
     total = 0.0
     for pid in pids:
         try:
             ct = psutil.Process(pid).cpu_times()
-            total += ct.user + ct.system
+            total += ct.user + ct.system + ct.children_user + ct.children_system
         except psutil.NoSuchProcess:
             pass
     return total
@@ -137,24 +212,38 @@ def busy_processes(before: dict, after: dict, seconds: float, cores: list[int],
 
 class Guard:
     def __init__(self, cores: list[int], threshold: float = DEFAULT_THRESHOLD,
-                 window: float = DEFAULT_WINDOW, force: bool = False, wait: float = 0.0):
+                 window: float = DEFAULT_WINDOW, force: bool = False, wait: float = 0.0,
+                 sub_window: float = SUB_WINDOW, topology: Path = SYS_CPU):
         self.cores = list(cores)
         self.threshold = threshold
         self.window = window
+        self.sub_window = sub_window
         self.force = force
         self.wait = wait
         self.exclude = {psutil.Process().pid}
+        chosen = set(self.cores)
+        self.siblings = {c: sorted(siblings(c, topology) - chosen) for c in self.cores}
+        self.watched = sorted(chosen.union(*map(set, self.siblings.values())))
+
+    def verdict(self) -> Verdict:
+        return Verdict(self.threshold, self.window, self.sub_window)
+
+    def sample(self, own: float = 0.0) -> Sample:
+        return Sample(time.monotonic(), _busy_seconds(self.watched), own)
 
     # -- before a measurement ------------------------------------------------------------
     def sample_idle(self) -> Reading:
-        snap0, busy0, t0 = _process_snapshot(), _busy_seconds(self.cores), time.monotonic()
+        snap0, s0 = _process_snapshot(), self.sample()
         time.sleep(self.window)
-        busy1, t1, snap1 = _busy_seconds(self.cores), time.monotonic(), _process_snapshot()
-        dt = t1 - t0
-        per_core = {c: max(0.0, busy1[c] - busy0[c]) / dt for c in self.cores}
-        worst = max(per_core.values())
-        return Reading("before", dt, per_core, 0.0, worst, worst,
-                       busy_processes(snap0, snap1, dt, self.cores, self.exclude))
+        s1, snap1 = self.sample(), _process_snapshot()
+        return self.reading_before(s0, s1, busy_processes(snap0, snap1, s1.t - s0.t,
+                                                          self.watched, self.exclude))
+
+    def reading_before(self, s0: Sample, s1: Sample, busy: list[Busy] = ()) -> Reading:
+        _, per_core, _ = foreign_load(s0, s1, self.cores, self.siblings)
+        core = max(per_core, key=per_core.get)
+        return Reading("before", s1.t - s0.t, per_core, 0.0, per_core[core], per_core[core],
+                       list(busy), core, s1.t - s0.t)
 
     def check_idle(self, what: str) -> tuple[str, Reading]:
         """Wait (up to `wait` s) for the cores to be quiet; returns (guard status, reading)."""
@@ -164,7 +253,7 @@ class Guard:
         deadline = time.monotonic() + self.wait
         while True:
             reading = self.sample_idle()
-            if reading.foreign <= self.threshold:
+            if self.quiet(reading):
                 return "ok", reading
             if time.monotonic() >= deadline:
                 return self.judge(reading, what), reading
@@ -173,9 +262,30 @@ class Guard:
     def watch(self, pid: int) -> Watch:
         return Watch(self, pid)
 
+    def reading_during(self, samples: list[Sample], busy: list[Busy] = ()) -> Reading:
+        """The reading of one measurement from its samples (one per sub-window, first at the
+        start, last at the end): the mean over all of it, the peak over each sub-window."""
+        first, last = samples[0], samples[-1]
+        mean, _, per_core = foreign_load(first, last, self.cores, self.siblings)
+        points = list(samples)
+        if len(points) > 2 and last.t - points[-2].t < self.sub_window / 2:
+            del points[-2]  # a short tail would read in coarse 10 ms ticks: join it to the last
+        peak, peak_core, peak_seconds = mean, None, last.t - first.t
+        for a, b in pairwise(points):
+            _, cores, _ = foreign_load(a, b, self.cores, self.siblings)
+            core = max(cores, key=cores.get)
+            if peak_core is None or cores[core] > peak:
+                peak, peak_core, peak_seconds = cores[core], core, b.t - a.t
+        dt = max(last.t - first.t, 1e-6)
+        return Reading("during", dt, per_core, max(0.0, last.own - first.own) / dt, mean,
+                       peak, list(busy), peak_core, peak_seconds)
+
     # -- verdict -------------------------------------------------------------------------
+    def quiet(self, reading: Reading) -> bool:
+        return reading.foreign <= self.threshold and reading.peak <= self.threshold
+
     def judge(self, reading: Reading, what: str) -> str:
-        if reading.foreign <= self.threshold:
+        if self.quiet(reading):
             return "ok"
         if self.force:
             return "overridden"
@@ -183,11 +293,14 @@ class Guard:
 
     def message(self, reading: Reading, what: str) -> str:
         cores = ",".join(map(str, self.cores))
+        sibs = sorted(s for ss in self.siblings.values() for s in ss)
         busy = "; ".join(str(b) for b in reading.busy[:6]) or (
             "no single process stands out (short-lived processes, interrupts or hypervisor "
             "steal)")
         return (
-            f"contention guard: cores {cores} are busy {reading.phase} {what}: "
+            f"contention guard: cores {cores}"
+            + (f" (with SMT siblings {','.join(map(str, sibs))})" if sibs else "")
+            + f" are busy {reading.phase} {what}: "
             f"{reading.describe()}, threshold {self.threshold:.2f}. Busy processes: {busy}. "
             "Wait for them to finish (--wait SECONDS), pick idle cores with --cores, or pass "
             "--force to run anyway and record the results as guard: overridden."
@@ -195,55 +308,43 @@ class Guard:
 
 
 class Watch:
-    """Context manager around one measurement of the pinned child `pid`."""
+    """Context manager around one measurement of the pinned child `pid` (and its children,
+    also those started during the measurement)."""
 
     def __init__(self, guard: Guard, pid: int):
         self.guard = guard
         self.pid = pid
         self.reading: Reading | None = None
+        self.samples: list[Sample] = []
         self._stop = threading.Event()
-        self._peak = 0.0
+        self._tree: set[int] = set()
+
+    def _now(self) -> Sample:
+        tree = _tree(self.pid)
+        self._tree |= tree
+        return self.guard.sample(_tree_cpu(tree))
 
     def __enter__(self) -> Watch:
-        g = self.guard
-        self._tree = _tree(self.pid)
         self._snap0 = _process_snapshot()
-        self._busy0, self._own0 = _busy_seconds(g.cores), _tree_cpu(self._tree)
-        self._t0 = time.monotonic()
+        self.samples = [self._now()]
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
         return self
 
-    def _foreign(self, busy0, own0, t0, busy1, own1, t1) -> float:
-        dt = max(t1 - t0, 1e-6)
-        total = sum(busy1[c] - busy0[c] for c in self.guard.cores)
-        return max(0.0, total - (own1 - own0)) / (dt * len(self.guard.cores))
-
     def _sample(self) -> None:
-        # Cheap sub-window samples (kernel counters only) for the peak; the verdict uses the
-        # mean over the whole measurement.
-        g = self.guard
-        busy0, own0, t0 = self._busy0, self._own0, self._t0
-        while not self._stop.wait(max(g.window, 0.5)):
-            busy1, own1, t1 = _busy_seconds(g.cores), _tree_cpu(self._tree), time.monotonic()
-            self._peak = max(self._peak, self._foreign(busy0, own0, t0, busy1, own1, t1))
-            busy0, own0, t0 = busy1, own1, t1
+        # Kernel counters only, cheap enough for every sub-window.
+        while not self._stop.wait(self.guard.sub_window):
+            self.samples.append(self._now())
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
         g = self.guard
-        busy1, own1, t1 = _busy_seconds(g.cores), _tree_cpu(self._tree), time.monotonic()
+        self.samples.append(self._now())
         snap1 = _process_snapshot()
-        dt = t1 - self._t0
-        foreign = self._foreign(self._busy0, self._own0, self._t0, busy1, own1, t1)
-        per_core = {c: max(0.0, busy1[c] - self._busy0[c]) / dt for c in g.cores}
-        exclude = g.exclude | self._tree
-        self.reading = Reading(
-            "during", dt, per_core, (own1 - self._own0) / dt, foreign,
-            max(self._peak, foreign),
-            busy_processes(self._snap0, snap1, dt, g.cores, exclude),
-        )
+        dt = self.samples[-1].t - self.samples[0].t
+        busy = busy_processes(self._snap0, snap1, dt, g.watched, g.exclude | self._tree)
+        self.reading = g.reading_during(self.samples, busy)
 
 
 # -- comparisons ---------------------------------------------------------------------------
