@@ -285,3 +285,98 @@ def test_a_watch_samples_every_sub_window_and_follows_new_children(test_core):
     assert watch.reading.phase == "during" and watch.reading.peak_core == test_core
     assert watch.reading.peak >= watch.reading.foreign - 1e-9
 
+
+# -- every record kind carries the verdict ----------------------------------------------------
+VERDICT_FIELDS = ("guard", "guard_foreign_load", "guard_mean_load", "guard_peak_load",
+                  "guard_threshold", "guard_window", "guard_sub_window")
+
+
+def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
+    """pp/tg, ceiling, parallel_region, gemm and profile records: each says what the guard saw
+    while it was timed (engines, children and the clock faked: nothing is measured)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import edge_harness.isolation.child as child_mod
+    import edge_harness.isolation.guard as guard_mod
+    from edge_harness.bench import ceiling as ceiling_mod
+    from edge_harness.bench import gemm, profile
+    from edge_harness.bench import run as run_mod
+    from edge_harness.runners.base import Build, ModelRef
+
+    topo = no_smt(tmp_path / "topo")
+    watched = []
+
+    class FakeGuard(Guard):
+        def __init__(self, cores, *args, **kw):
+            super().__init__(cores, *args, **{**kw, "topology": topo})
+
+        def check_idle(self, what):
+            s0, s1 = samples([{0: 0.02}], cpus=tuple(self.cores))
+            return "ok", self.reading_before(s0, s1)
+
+        @contextlib.contextmanager
+        def watch(self, pid):
+            watched.append(pid)
+            yield SimpleNamespace(reading=self.reading_during(
+                samples([{0: 0.5}, {0: 0.6}, {0: 0.5}], [0.5, 0.5, 0.5], cpus=tuple(self.cores))))
+
+    row = {"m": 1, "n": 64, "k": 64, "layer": "qkv_proj", "group": 128, "weight_bytes": 2048,
+           "copies": 1, "impl": "nib128", "quant": "w4a16", "seconds": [1e-4, 1e-4]}
+    replies = {"load": {"facts": {"version": "fake 1"}}, "tg": {"seconds": 0.5},
+               "profile": {"result": {"decode_s": 0.2, "in_ops_s": 0.1, "wall_s": 0.2,
+                                      "tokens": 4, "ops": []}}}
+
+    class FakeWorker:
+        pid = os.getpid()
+
+        def __init__(self, *a, **kw):
+            pass
+
+        def request(self, cmd, **kw):
+            if cmd == "call":
+                return {"result": [row] if kw["fn"].endswith(":measure") else [1.0, 1.2]}
+            return replies[cmd]
+
+        def close(self):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    model = ModelRef("fake", tmp_path)
+    build = Build("ours", "fake", "w4a16", str(tmp_path), 4.5, 1000, 100)
+    monkeypatch.setattr(guard_mod, "Guard", FakeGuard)
+    monkeypatch.setattr(child_mod, "Worker", FakeWorker)
+    monkeypatch.setattr(profile, "Worker", FakeWorker)
+    monkeypatch.setattr(profile, "bench_lock", lambda wait: contextlib.nullcontext())
+    monkeypatch.setattr(profile, "context", lambda threads: {})
+    monkeypatch.setattr(profile, "get_runner", lambda name: SimpleNamespace(
+        accepts=lambda q: True, prepare=lambda m, q: build, child_env=lambda *a: {}))
+    monkeypatch.setattr(run_mod, "resolve_model", lambda name: model)
+    monkeypatch.setattr(ceiling_mod, "measure", lambda cores, gib=1.0, passes=5: {
+        "samples_gbs": [10.0, 11.0], "ceiling_gbs": 11.0})
+    monkeypatch.setattr("edge_infer.profiles.load", lambda name: SimpleNamespace(
+        quant=SimpleNamespace(group_size=128)))
+
+    bench = run_mod.Bench(run_mod.Plan(models=[], engines=[], results=None, reps=2))
+    guard = FakeGuard([0], threshold=0.15)
+    bench.ceiling(guard)
+    bench.measure_test(model, [(build, FakeWorker())], "tg", 4, [0], 1, guard, 11.0,
+                       {build.label: {"version": "fake 1"}}, run_mod.Progress(2))
+    gemm.run(["fake"], [0], guard=guard, emit=bench.emit, record=bench.record, say=lambda s: None)
+    prof = profile.run("fake", "ours", "w4a16", 4, "0", None, None, "test", 0.0,
+                       say=lambda s: None, guard={"threshold": 0.15})
+    kinds = {r.test: r.to_dict() for r in bench.records} | {"profile": prof}
+    assert set(kinds) == {"ceiling", "tg4", "parallel_region", "gemm_m1_qkv_proj", "profile"}
+    for kind, rec in kinds.items():
+        missing = [f for f in VERDICT_FIELDS if rec.get(f) is None]
+        assert not missing, (kind, missing)
+        assert rec["guard"] == "ok" and rec["guard_threshold"] == 0.15, (kind, rec)
+        # the watch's worst sub-window (0.6 busy, 0.5 own), not only the before-check
+        assert rec["guard_peak_load"] == pytest.approx(0.1, abs=1e-3), kind
+    # every kind was watched while it was timed, not only checked before
+    assert len(watched) == 1 + 2 + 1 + 1 + 1, watched

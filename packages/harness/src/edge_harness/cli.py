@@ -155,12 +155,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pf.add_argument("-b", "--batch", type=int, default=1,
                     help="sequences decoded together in each step (1; batched decode)")
     pf.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
-    pf.add_argument("--cores", type=_ints, default=None, help="CPU ids to pin to, e.g. 0,1")
     pf.add_argument("--results", type=Path, default=DEFAULT_RESULTS.with_name("profile.jsonl"),
                     help="JSONL the record is appended to")
     pf.add_argument("--no-results", action="store_true", help="print only; write no record")
-    pf.add_argument("--lock-wait", type=_nonnegative, default=0.0,
-                    help="seconds to wait for another benchmark's lock before refusing")
+    _guard_flags(pf)
     pf.set_defaults(func=cmd_profile)
 
     rp = bsub.add_parser("report", help="markdown tables + PNG plots from the results JSONL")
@@ -226,12 +224,10 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
                        command=command_line()))
     with bench_lock(args.lock_wait):
         guard = Guard(cores, args.threshold, args.window, args.force, args.wait)
-        status, reading = guard.check_idle("the bandwidth ceiling")
-        res = ceiling.measure(cores, args.gib, args.passes)
+        res, verdict = ceiling.measure_guarded(guard, args.gib, args.passes)
     rec = bench.record(engine="numpy", engine_version=_numpy_version(), model="-", quant="-",
                        test="ceiling", samples=res["samples_gbs"], unit="GB/s",
-                       threads=len(cores), cores=cores, guard=status,
-                       guard_foreign_load=reading.foreign,
+                       threads=len(cores), cores=cores, **verdict.fields(),
                        extra={k: v for k, v in res.items() if k != "samples_gbs"})
     bench.emit(rec)
     _print_records([rec], args.output)
@@ -284,7 +280,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     spec = parse_engine(args.engine)  # ENGINE:QUANT[@key=value,...], as bench run's -e
     profile.run(args.model, spec.engine, spec.quant, args.n_gen, args.cores, args.threads,
                 None if args.no_results else args.results, command_line(), args.lock_wait, say=say,
-                options=dict(spec.options), batch=args.batch)
+                options=dict(spec.options), batch=args.batch,
+                guard={"threshold": args.threshold, "window": args.window, "force": args.force,
+                       "wait": args.wait})
     if not args.no_results:
         sys.stdout.write(profile.render(args.results))
     return 0

@@ -56,3 +56,13 @@ def measure(cores: list[int], gib_per_core: float = 1.0, passes: int = 5) -> dic
         per_pass.append(sum(x[4] for x in r) / span / 1e9)
     return {"samples_gbs": per_pass, "ceiling_gbs": max(per_pass),
             "bytes_per_core": nbytes, "cores": list(cores), "method": "numpy float32 max"}
+
+
+def measure_guarded(guard, gib_per_core: float = 1.0, passes: int = 5):
+    """`measure` on `guard.cores`, idle-checked before and watched throughout: the readers
+    are our children, so the watch follows this process's tree. Returns (result, Verdict)."""
+    what = "the bandwidth ceiling"
+    verdict = guard.verdict().add(*guard.check_idle(what))
+    with guard.watch(os.getpid()) as watch:
+        res = measure(guard.cores, gib_per_core, passes)
+    return res, verdict.add(guard.judge(watch.reading, what), watch.reading)

@@ -170,21 +170,24 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
 
     threads = len(cores)
     # The cost of one parallel region depends on the threads, not the model: measured once.
-    status, reading = guard.check_idle("the parallel-region measurement")
     for t in sorted({1, threads}):
+        what = f"the parallel-region measurement at {t} thread(s)"
+        verdict = guard.verdict().add(*guard.check_idle(what))
         with Worker(cores[:t], {"OMP_NUM_THREADS": str(t)}, label="parallel-region") as w:
-            us = w.request("call", fn="edge_harness.bench.gemm:region_cost",
-                           kwargs={"threads": t})["result"]
+            with guard.watch(w.pid) as watch:
+                us = w.request("call", fn="edge_harness.bench.gemm:region_cost",
+                               kwargs={"threads": t})["result"]
+        verdict.add(guard.judge(watch.reading, what), watch.reading)
         rec = record(engine="at::parallel_for", engine_version=_torch_version(), model="-",
                      quant="-", test="parallel_region", samples=us, unit="us", threads=t,
-                     cores=cores[:t], guard="overridden" if status == "overridden" else "ok",
-                     guard_foreign_load=round(reading.foreign, 4), extra={})
+                     cores=cores[:t], **verdict.fields(), extra={})
         emit(rec)
         say(f"parallel region at {t} thread(s): {rec.median:.2f} us (median of {len(us)})")
     for name in models:
         model = resolve_model(name)
         group = profiles.load(model.name).quant.group_size
-        status, reading = guard.check_idle(f"the GEMM microbenchmark of {model.name}")
+        what = f"the GEMM microbenchmark of {model.name}"
+        verdict = guard.verdict().add(*guard.check_idle(what))
         say(f"gemm: {model.name} shapes, group {group}, {threads} threads on cores {cores}")
         with Worker(cores, {"OMP_NUM_THREADS": str(threads)}, label=f"gemm-{model.name}") as w:
             with guard.watch(w.pid) as watch:
@@ -192,8 +195,7 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
                     "model": model.name, "hf_dir": str(model.hf_dir), "group": group,
                     "threads": threads, "min_time": min_time, "ms": ms, "kernels": kernels,
                 })["result"]
-            during = guard.judge(watch.reading, f"the GEMM microbenchmark of {model.name}")
-        overridden = "overridden" in (status, during)
+            verdict.add(guard.judge(watch.reading, what), watch.reading)
         for row in rows:
             flops = 2 * row["m"] * row["n"] * row["k"]
             secs = row["seconds"]
@@ -201,8 +203,7 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
                 engine=row["impl"], engine_version=_torch_version(), model=model.name,
                 quant=row["quant"], test=f"gemm_m{row['m']}_{row['layer']}",
                 samples=[flops / s / 1e9 for s in secs], unit="GFLOP/s", threads=threads,
-                cores=cores, guard="overridden" if overridden else "ok",
-                guard_foreign_load=round(max(reading.foreign, watch.reading.foreign), 4),
+                cores=cores, **verdict.fields(),
                 extra={k: row[k] for k in ("m", "n", "k", "layer", "group", "weight_bytes",
                                           "copies")}
                 | {"seconds": secs},

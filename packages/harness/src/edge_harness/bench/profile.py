@@ -20,10 +20,13 @@ from edge_infer.results import append, context
 
 
 def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, results: Path | None,
-        command: str, lock_wait: float, say=print, options: dict | None = None, batch: int = 1) -> dict:
+        command: str, lock_wait: float, say=print, options: dict | None = None, batch: int = 1,
+        guard: dict | None = None) -> dict:
     """One profiled tg`n` of our engine, `batch` sequences decoded together in each step;
-    `options` as bench run's `@key=value` (e.g. fused)."""
+    `options` as bench run's `@key=value` (e.g. fused); `guard` the contention guard's
+    settings (threshold, window, force, wait), as bench run's flags."""
     from edge_harness.bench.run import resolve_model
+    from edge_harness.isolation.guard import Guard
 
     if engine != "ours":
         raise UsageError("bench profile: only our engine has an op profiler (llama.cpp's graph "
@@ -45,12 +48,18 @@ def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, re
         with Worker(cores, runner.child_env(cores, len(cores), options), label="profile") as w:
             facts = w.request("load", engine=engine, build=build.to_dict(), threads=len(cores),
                               n_ctx=n + 16)["facts"]
-            prof = w.request("profile", engine=engine, n=n, seed=0, batch=batch)["result"]
+            g = Guard(cores, **(guard or {}))
+            what = f"the profile of {model.name} {engine}:{quant}"
+            verdict = g.verdict().add(*g.check_idle(what))
+            with g.watch(w.pid) as watch:
+                prof = w.request("profile", engine=engine, n=n, seed=0, batch=batch)["result"]
+            verdict.add(g.judge(watch.reading, what), watch.reading)
     step_ms = prof["decode_s"] / n * 1e3
     rec = {"kind": "profile", **context(threads=len(cores)), "command": command,
            "model": model.name, "engine": engine, "quant": quant, "engine_version": facts["version"],
            "cores": cores, "w4_kernels": facts.get("w4_kernels", {}), "options": options,
-           "fused_decode": facts.get("fused_decode"), "batch": batch, "step_ms": step_ms, **prof}
+           "fused_decode": facts.get("fused_decode"), "batch": batch, "step_ms": step_ms,
+           **verdict.fields(), **prof}
     if results is not None:
         append(results, rec)
     say(f"  {step_ms:.2f} ms per decode step of {batch}; in torch ops + our kernels "

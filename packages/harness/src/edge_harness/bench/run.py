@@ -196,13 +196,11 @@ class Bench:
         return out
 
     def ceiling(self, guard: Guard) -> float:
-        status, reading = guard.check_idle("the bandwidth ceiling")
         say(f"ceiling: streaming read on cores {guard.cores} (1 GiB per core)")
-        res = ceiling_mod.measure(guard.cores)
+        res, verdict = ceiling_mod.measure_guarded(guard)
         rec = self.record(engine="numpy", engine_version=_numpy_version(), model="-",
                           quant="-", test="ceiling", samples=res["samples_gbs"], unit="GB/s",
-                          threads=len(guard.cores), cores=guard.cores, guard=status,
-                          guard_foreign_load=reading.foreign,
+                          threads=len(guard.cores), cores=guard.cores, **verdict.fields(),
                           extra={k: v for k, v in res.items() if k != "samples_gbs"})
         self.emit(rec)
         say(f"ceiling: {res['ceiling_gbs']:.1f} GB/s best of {len(res['samples_gbs'])} passes")
@@ -254,24 +252,20 @@ class Bench:
         samples = {b.label: [] for b, _ in pairs}
         seconds = {b.label: [] for b, _ in pairs}
         walls = {b.label: [] for b, _ in pairs}
-        status = {b.label: "ok" for b, _ in pairs}
-        worst = {b.label: 0.0 for b, _ in pairs}
+        verdicts = {b.label: guard.verdict() for b, _ in pairs}
         for rep in range(p.reps):
             for b, w in pairs:  # A B A B: every engine once per round
                 what = f"{name} of {model.name} {b.label} (repetition {rep + 1})"
-                before, r0 = guard.check_idle(what)
+                verdicts[b.label].add(*guard.check_idle(what))
                 with guard.watch(w.pid) as watch:
                     reply = w.request(test, n=n, seed=p.seed * 1000 + rep)
-                during = guard.judge(watch.reading, what)
-                if "overridden" in (before, during):
-                    status[b.label] = "overridden"
-                worst[b.label] = max(worst[b.label], r0.foreign, watch.reading.foreign)
+                verdicts[b.label].add(guard.judge(watch.reading, what), watch.reading)
                 secs = reply["seconds"]
                 seconds[b.label].append(secs)
                 samples[b.label].append(n / secs)
                 if reply.get("wall") is not None:
                     walls[b.label].append(reply["wall"])
-                flag = "" if status[b.label] == "ok" else " [guard overridden]"
+                flag = "" if verdicts[b.label].status == "ok" else " [guard overridden]"
                 progress.step(f"{model.name} {b.label} {name} rep {rep + 1}/{p.reps}: "
                               f"{n / secs:.2f} tok/s{flag}")
         for b, _ in pairs:
@@ -281,8 +275,7 @@ class Bench:
                 quant=b.quant, test=name, samples=samples[label], unit="tok/s",
                 bits_per_weight=round(b.bits_per_weight, 4),
                 n_prompt=n if test == "pp" else 0, n_gen=n if test == "tg" else 0,
-                threads=threads, cores=cores, guard=status[label],
-                guard_foreign_load=round(worst[label], 4),
+                threads=threads, cores=cores, **verdicts[label].fields(),
                 weight_bytes_per_token=b.weight_bytes_per_token,
                 extra={"seconds": seconds[label], "facts": reported[label],
                        "schedule": p.schedule, "options": b.options,
