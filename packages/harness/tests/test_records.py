@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -171,3 +172,74 @@ def test_ratios_never_span_two_runs():
     assert rows["ours w4a16-head / llama.cpp q4_k_m"][3:6] == ["20.00", "50.00", "**0.40x**"]
     # without the pool, the old ours record has no partner in the newest records: no row
     assert "ours w4a16 / llama.cpp q4_k_m" not in {r[2] for r in ratio_rows(latest(everything))}
+
+
+# -- llama-bench's output schema ----------------------------------------------------------------
+# The JSON example of llama.cpp's tools/llama-bench/README.md (build 5163, pp512 and tg128).
+LLAMA_BENCH_JSON = Path(__file__).parent / "data" / "llama_bench_b5163.json"
+QUOTED = {"model_type", "n_prompt", "n_gen", "n_threads", "avg_ts", "stddev_ts", "avg_ns",
+          "stddev_ns", "samples_ts", "samples_ns", "build_commit", "cpu_info"}
+
+
+def bench_records() -> list[Record]:
+    kw = dict(engine="llama.cpp", engine_version="b5163", model="qwen3-0.6b", quant="q4_k_m",
+              threads=2, cores=[0, 1], cpu_model="AMD EPYC", git_commit="0123456789abcdef",
+              timestamp="2025-04-24T11:58:50Z")
+    return [Record(test="pp512", n_prompt=512, samples=[118.0, 120.0, 119.5], **kw),
+            Record(test="tg128", n_gen=128, samples=[31.5, 31.7, 31.2], **kw)]
+
+
+def _type(v):
+    return list if isinstance(v, list) else type(v)
+
+
+def test_json_has_llama_bench_keys_first_with_its_types_and_meanings():
+    theirs = json.loads(LLAMA_BENCH_JSON.read_text())
+    ours = json.loads(PRINTERS["json"](bench_records()))
+    shared = [k for k in theirs[0] if k in ours[0]]
+    assert QUOTED <= set(shared), sorted(QUOTED - set(shared))
+    assert list(ours[0])[: len(shared)] == shared  # first, and in llama-bench's order
+    for t, o in zip(theirs, ours, strict=True):
+        for k in shared:
+            assert _type(o[k]) is _type(t[k]), (k, o[k], t[k])
+            if isinstance(t[k], list):
+                assert {type(x) for x in o[k]} == {type(x) for x in t[k]}, k
+    # the same meanings: one repetition's tokens/s is its tokens over its seconds, and the
+    # averages are the means of the samples (checked on llama-bench's own output too)
+    for rec in (*theirs, *ours):
+        tokens = rec["n_prompt"] + rec["n_gen"]
+        for ns, ts in zip(rec["samples_ns"], rec["samples_ts"], strict=True):
+            assert ts == pytest.approx(1e9 * tokens / ns, rel=1e-4)
+        assert rec["avg_ts"] == pytest.approx(sum(rec["samples_ts"]) / len(rec["samples_ts"]),
+                                              rel=1e-4)
+        assert rec["avg_ns"] == pytest.approx(sum(rec["samples_ns"]) / len(rec["samples_ns"]),
+                                              rel=1e-6)
+    assert ours[0]["cpu_mask"] == "0x3" and ours[0]["build_commit"] == "01234567"
+    assert ours[1]["model_type"] == "qwen3-0.6b q4_k_m" and ours[1]["n_threads"] == 2
+    # our own fields follow, so the output still reads back as our records
+    assert Record.from_dict(ours[1]).to_dict() == bench_records()[1].to_dict()
+
+
+def test_csv_sql_jsonl_and_md_open_with_llama_bench_columns():
+    theirs = list(json.loads(LLAMA_BENCH_JSON.read_text())[0])
+    recs = bench_records()
+    header = PRINTERS["csv"](recs).splitlines()[0].split(",")
+    shared = [k for k in theirs if k in header]
+    assert header[: len(shared)] == shared and QUOTED - {"samples_ts", "samples_ns"} <= set(shared)
+    sql = PRINTERS["sql"](recs)
+    assert "avg_ts REAL" in sql and "avg_ns INTEGER" in sql and "n_prompt INTEGER" in sql
+    line = json.loads(PRINTERS["jsonl"](recs).splitlines()[0])
+    assert list(line)[: len(shared) + 2] == [k for k in theirs if k in line]
+    md = PRINTERS["md"](recs).splitlines()[0]
+    assert md.startswith("| model | threads | test | t/s |")
+
+
+def test_records_that_are_not_tokens_per_second_leave_llama_bench_timings_empty():
+    ceiling = Record(engine="numpy", engine_version="numpy", model="-", quant="-", test="ceiling",
+                     samples=[20.0, 21.0], unit="GB/s", threads=2, cores=[0, 1])
+    (row,) = json.loads(PRINTERS["json"]([ceiling]))
+    assert all(row[k] is None for k in ("avg_ts", "stddev_ts", "avg_ns", "stddev_ns",
+                                        "samples_ts", "samples_ns"))
+    assert row["n_threads"] == 2 and row["samples"] == [20.0, 21.0]
+    sql = PRINTERS["sql"]([ceiling, *bench_records()])
+    assert "avg_ts REAL" in sql  # typed from the first row that has a value

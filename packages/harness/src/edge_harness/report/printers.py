@@ -1,7 +1,10 @@
 """Printers over the one record type: md, csv, json, jsonl, sql (llama-bench's -o formats).
 
 Each printer is a function `records -> str`; adding a format is adding one function to
-PRINTERS. md shows the columns people quote; the others carry every field.
+PRINTERS. Every format opens with the fields llama-bench prints under the same names and
+meanings (`llama_bench_fields`), so a script written for llama-bench's output reads ours;
+our own record's fields follow. md shows the columns people quote; the others carry every
+field.
 """
 
 from __future__ import annotations
@@ -9,11 +12,22 @@ from __future__ import annotations
 import csv
 import io
 import json
+import statistics
 from collections.abc import Callable
 
 from edge_harness.record import Record
 
-MD_COLUMNS = ("model", "engine", "quant", "bits/w", "threads", "test", "t/s", "median",
+# llama-bench's field names, in its order, for what both tools record (tools/llama-bench,
+# `test::get_fields()`; JSON adds samples_ns and samples_ts). Left out: what we have no
+# honest value for (build_number, gpu_info, model_filename, model_size, model_n_params,
+# n_batch, n_ubatch, type_k/v, n_gpu_layers, flash_attn, ...).
+LLAMA_BENCH_FIELDS = ("build_commit", "cpu_info", "backends", "model_type", "n_threads",
+                      "cpu_mask", "n_prompt", "n_gen", "n_depth", "test_time", "avg_ns",
+                      "stddev_ns", "avg_ts", "stddev_ts")
+LLAMA_BENCH_SAMPLES = ("samples_ns", "samples_ts")
+
+# llama-bench's markdown columns first (model, threads, test, t/s), then ours.
+MD_COLUMNS = ("model", "threads", "test", "t/s", "engine", "quant", "bits/w", "median",
               "GB/s", "% ceil", "guard")
 
 
@@ -26,7 +40,7 @@ def md_row(r: Record) -> list[str]:
         speed = f"{r.mean:.2f} ± {r.sd:.2f}"
     else:
         speed = f"{r.mean:.2f} ± {r.sd:.2f} {r.unit}"
-    return [r.model, r.engine, r.quant, _num(r.bits_per_weight), str(r.threads), r.test, speed,
+    return [r.model, str(r.threads), r.test, speed, r.engine, r.quant, _num(r.bits_per_weight),
             _num(r.median), _num(r.achieved_gbs), _num(r.pct_ceiling, 1), r.guard]
 
 
@@ -50,8 +64,45 @@ def to_md(records: list[Record]) -> str:
     return md_table(MD_COLUMNS, [md_row(r) for r in records])
 
 
+def llama_bench_fields(r: Record, samples: bool = True) -> dict:
+    """The record under llama-bench's names and meanings: one test of n_prompt or n_gen
+    tokens from an empty cache (n_depth 0), each repetition's time in ns and tokens/s, mean
+    and sample sd of each. Timing fields are None for a record that is not tokens/s (a
+    ceiling in GB/s, a GEMM in GFLOP/s): llama-bench has no name for those."""
+    tokens = r.n_prompt + r.n_gen
+    timed = r.unit == "tok/s" and tokens > 0 and bool(r.samples)
+    ns = [round(1e9 * tokens / ts) for ts in r.samples] if timed else None
+    sd_ns = (round(statistics.stdev(ns)) if len(ns) > 1 else 0) if timed else None
+    d = {
+        "build_commit": (r.git_commit or "unknown")[:8],
+        "cpu_info": r.cpu_model,
+        "backends": "CPU",
+        "model_type": f"{r.model} {r.quant}",
+        "n_threads": r.threads,
+        "cpu_mask": hex(sum(1 << c for c in r.cores)),
+        "n_prompt": r.n_prompt,
+        "n_gen": r.n_gen,
+        "n_depth": 0,
+        "test_time": r.timestamp,
+        "avg_ns": round(statistics.fmean(ns)) if timed else None,
+        "stddev_ns": sd_ns,
+        "avg_ts": r.mean if timed else None,
+        "stddev_ts": r.sd if timed else None,
+    }
+    if samples:
+        d |= {"samples_ns": ns, "samples_ts": list(r.samples) if timed else None}
+    return d
+
+
+def row(r: Record, samples: bool = True) -> dict:
+    """llama-bench's fields, then every field of our record not already among them."""
+    shared = llama_bench_fields(r, samples)
+    return shared | {k: v for k, v in r.to_dict().items() if k not in shared}
+
+
 def _flat(r: Record) -> dict:
-    d = r.to_dict()
+    # CSV and SQL carry no sample lists in llama-bench; ours are space-separated in one cell
+    d = row(r, samples=False)
     for key in ("samples", "cores", "cpu_flags"):
         d[key] = " ".join(f"{x:.4g}" if isinstance(x, float) else str(x) for x in d[key])
     d["extra"] = json.dumps(d["extra"], sort_keys=True)
@@ -70,11 +121,11 @@ def to_csv(records: list[Record]) -> str:
 
 
 def to_json(records: list[Record]) -> str:
-    return json.dumps([r.to_dict() for r in records], indent=2, sort_keys=True) + "\n"
+    return json.dumps([row(r) for r in records], indent=2) + "\n"
 
 
 def to_jsonl(records: list[Record]) -> str:
-    return "".join(json.dumps(r.to_dict(), sort_keys=True) + "\n" for r in records)
+    return "".join(json.dumps(row(r)) + "\n" for r in records)
 
 
 def to_sql(records: list[Record]) -> str:
@@ -82,9 +133,7 @@ def to_sql(records: list[Record]) -> str:
         return ""
     rows = [_flat(r) for r in records]
     cols = list(rows[0])
-    types = {k: ("REAL" if isinstance(v, float) else "INTEGER"
-                 if isinstance(v, int) and not isinstance(v, bool) else "TEXT")
-             for k, v in rows[0].items()}
+    types = {c: _sql_type(next((r[c] for r in rows if r[c] is not None), None)) for c in cols}
     out = ["CREATE TABLE IF NOT EXISTS bench (\n  "
            + ",\n  ".join(f"{c} {types[c]}" for c in cols) + "\n);"]
     for row in rows:
@@ -101,6 +150,12 @@ def to_sql(records: list[Record]) -> str:
                 vals.append("'" + str(v).replace("'", "''") + "'")
         out.append(f"INSERT INTO bench ({', '.join(cols)}) VALUES ({', '.join(vals)});")
     return "\n".join(out) + "\n"
+
+
+def _sql_type(v) -> str:
+    if isinstance(v, float):
+        return "REAL"
+    return "INTEGER" if isinstance(v, int) and not isinstance(v, bool) else "TEXT"
 
 
 PRINTERS: dict[str, Callable[[list[Record]], str]] = {
