@@ -3,8 +3,9 @@
 HF folder -> `convert_hf_to_gguf.py` -> BF16/F16 GGUF -> `llama_cpp.llama_model_quantize`
 -> Q4_K_M / Q4_0. The converter is the one vendored in the llama-cpp-python sdist we link
 against (0.3.36, llama.cpp 0c1e57098), with its own vendored `gguf-py`: PyPI's gguf 0.19 is too
-old for it (`AttributeError: DFLASH`). The sdist is fetched once with pip (a registry client)
-and the converter's files are extracted into `<EDGE_INFER_HOME>/harness/`.
+old for it (`AttributeError: DFLASH`). The sdist is fetched once with pip (a registry client),
+checked against uv.lock's sha256 for it, and only then are the converter's files extracted into
+`<EDGE_INFER_HOME>/harness/`.
 
 A locally trained byte-level BPE is unknown to the converter's pre-tokenizer table (`BPE
 pre-tokenizer was not recognized`); only when it refuses do we map it to "gpt-2" (with the
@@ -13,6 +14,7 @@ hyphen), which gives token ids identical to HF's for such tokenizers (*measured*
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -27,6 +29,9 @@ from edge_infer.errors import EdgeInferError
 from edge_infer.home import home
 
 LLAMA_CPP_PYTHON = "0.3.36"
+# uv.lock's sha256 of that sdist; a test holds the two equal. The harness runs installed (an
+# image, a wheel), where uv.lock is not at hand, so the pin travels with the code.
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp"
 WANTED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
 OUTTYPES = {"bf16": "bf16", "f16": "f16", "f32": "f32"}
@@ -71,7 +76,7 @@ def converter_dir() -> Path:
         if (root / "convert_hf_to_gguf.py").is_file():
             return root
         with tempfile.TemporaryDirectory(prefix="sdist-", dir=root.parent) as tmp:
-            sdist = _download_sdist(Path(tmp))
+            sdist = download_sdist(Path(tmp))
             staging = Path(tmp) / "extract"
             with tarfile.open(sdist) as tar:
                 members = [m for m in tar.getmembers() if _wanted(m.name)]
@@ -101,7 +106,7 @@ def _wanted(name: str) -> bool:
     return any(rel == w or (w.endswith("/") and rel.startswith(w)) for w in WANTED)
 
 
-def _download_sdist(dest: Path) -> Path:
+def download_sdist(dest: Path) -> Path:
     print(f"fetching the llama-cpp-python {LLAMA_CPP_PYTHON} sdist for its GGUF converter "
           "(once)", file=sys.stderr)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
@@ -112,7 +117,21 @@ def _download_sdist(dest: Path) -> Path:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise EdgeInferError(f"could not fetch the llama-cpp-python {LLAMA_CPP_PYTHON} sdist "
                              f"(needed for its convert_hf_to_gguf.py): {last}")
-    return found[0]
+    return verify_sdist(found[0])
+
+
+def verify_sdist(sdist: Path) -> Path:
+    """`sdist` if its sha256 is uv.lock's, before anything reads it: pip takes whatever file its
+    configured indexes and find-links folders offer under that name."""
+    h = hashlib.sha256()
+    with open(sdist, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    if h.hexdigest() != SDIST_SHA256:
+        raise EdgeInferError(
+            f"{sdist.name} has sha256 {h.hexdigest()}, not uv.lock's {SDIST_SHA256}: refusing "
+            "to extract or build it (check where pip fetches from: `pip config list`)")
+    return sdist
 
 
 def gguf_path(model: str, quant: str) -> Path:

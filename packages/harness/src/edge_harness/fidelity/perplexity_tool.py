@@ -25,6 +25,8 @@ from edge_harness.bench import gguf_build
 from edge_infer.errors import EdgeInferError
 
 TOOL = "llama-perplexity"
+# The build runs without pip's build isolation, on these tools alone (see the file).
+BUILD_REQUIREMENTS = Path(__file__).with_name("llama_build.txt")
 CMAKE_ARGS = "-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
 
 
@@ -43,14 +45,15 @@ def tool_path() -> Path:
         if binary.is_file():
             return binary
         with tempfile.TemporaryDirectory(prefix="tools-", dir=root.parent) as tmp:
-            sdist = gguf_build._download_sdist(Path(tmp))
+            sdist = gguf_build.download_sdist(Path(tmp))  # sha256-checked against uv.lock
             build = Path(tmp) / "build"
+            env = {**build_tools(Path(tmp) / "build-tools"), "CMAKE_ARGS": CMAKE_ARGS}
             print(f"building {TOOL} from {sdist.name} (once; ~8 min on 2 quiet cores)",
                   file=sys.stderr, flush=True)
             cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
-                   "-w", str(Path(tmp) / "wheel"), "-C", f"build-dir={build}",
+                   "--no-build-isolation", "-w", str(Path(tmp) / "wheel"),
+                   "-C", f"build-dir={build}",
                    "-C", f"build.targets={TOOL}", "-C", "build.targets=mtmd", str(sdist)]
-            env = {**os.environ, "CMAKE_ARGS": CMAKE_ARGS}
             proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
             built = build / "bin" / TOOL
             if not built.is_file():
@@ -61,6 +64,22 @@ def tool_path() -> Path:
                 if f.is_file():
                     shutil.copy2(f, root / "bin" / f.name)
     return binary
+
+
+def build_tools(dest: Path) -> dict[str, str]:
+    """Install llama_build.txt (scikit-build-core, cmake, ninja at pinned versions and hashes)
+    into `dest`; the environment that puts them first on PYTHONPATH and PATH for the build."""
+    cmd = [sys.executable, "-m", "pip", "install", "--require-hashes", "--only-binary", ":all:",
+           "--no-cache-dir", "--disable-pip-version-check", "--target", str(dest),
+           "-r", str(BUILD_REQUIREMENTS)]
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EdgeInferError(f"could not install the pinned build tools of {TOOL} "
+                             f"({BUILD_REQUIREMENTS.name}): {last}")
+    pythonpath = [str(dest), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath),
+            "PATH": f"{dest / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 # "Mean    KLD:   0.012345 ±   0.000123", "Same top p: 93.456 ± 0.123 %", "99.0%   KLD: ..."
