@@ -157,3 +157,72 @@ def test_write_bytes_leaves_old_or_new(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         atomic.write_bytes(path, b"new")
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["record"]
+
+
+@pytest.fixture
+def kernel_home(tmp_path, monkeypatch):
+    """ext.load with the compiler replaced by a stub that writes `lib` where ninja would."""
+    from types import SimpleNamespace
+
+    import torch.utils.cpp_extension as ce
+
+    from edge_infer.kernels import ext
+
+    where = tmp_path / "kernels" / "torch-x"
+    state = SimpleNamespace(ext=ext, built=where / f"{ext.NAME}.so", builds=[], fail=False,
+                            load=ext.load.__wrapped__)  # past functools.cache
+
+    def fake_build(name, build_directory, **kwargs):
+        so = Path(build_directory) / f"{name}.so"
+        so.write_bytes(b"half")  # the link has started
+        state.builds.append(build_directory)
+        if state.fail:
+            raise RuntimeError("compiler killed")
+        so.write_bytes(b"lib")
+        return SimpleNamespace(__file__=str(so))
+
+    monkeypatch.setattr(ext, "build_dir", lambda: where)
+    monkeypatch.setattr(ext, "_import_built", lambda path: SimpleNamespace(__file__=str(path)))
+    monkeypatch.setattr(ce, "load", fake_build)
+    return state
+
+
+def test_kernel_build_records_its_sha256(kernel_home):
+    import hashlib
+
+    kernel_home.load()
+    built = kernel_home.built
+    assert built.read_bytes() == b"lib"
+    record = built.with_name(built.name + ".sha256").read_text()
+    assert record == f"{hashlib.sha256(b'lib').hexdigest()}  {built.name}\n"
+    kernel_home.load()  # verified: loaded, not rebuilt
+    assert len(kernel_home.builds) == 1
+
+
+def test_killed_kernel_build_leaves_nothing_loadable(kernel_home):
+    kernel_home.fail = True
+    with pytest.raises(RuntimeError, match="compiler killed"):
+        kernel_home.load()
+    assert not kernel_home.built.exists()
+
+
+def test_kernel_not_matching_its_record_is_rebuilt(kernel_home):
+    kernel_home.load()
+    kernel_home.built.write_bytes(b"lib, changed")
+    assert kernel_home.load().__file__.startswith(str(kernel_home.built.parent / "build"))
+    assert len(kernel_home.builds) == 2 and kernel_home.built.read_bytes() == b"lib"
+
+
+def test_kernel_mismatch_that_cannot_rebuild_is_one_line(kernel_home, monkeypatch):
+    from edge_infer.errors import EdgeInferError
+
+    kernel_home.load()
+    kernel_home.built.write_bytes(b"lib, changed")
+
+    def read_only(target):
+        raise PermissionError(13, "Permission denied", str(target))
+
+    monkeypatch.setattr(kernel_home.ext, "build_lock", read_only)
+    with pytest.raises(EdgeInferError, match="fails its sha256 check") as err:
+        kernel_home.load()
+    assert "\n" not in str(err.value)
