@@ -122,12 +122,21 @@ def test_streaming_chat(client):
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
 
 
+def get(base: str, path: str, key: str | None = API_KEY) -> tuple[int, bytes]:
+    req = urllib.request.Request(base + path,
+                                 headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 def test_health_and_metrics(server):
     base = server[0]
-    with urllib.request.urlopen(f"{base}/health", timeout=10) as r:
-        assert r.status == 200
-    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
-        assert b"vllm:" in r.read()
+    assert get(base, "/health", key=None)[0] == 200
+    status, body = get(base, "/metrics")
+    assert status == 200 and b"vllm:" in body
 
 
 BAD = {
@@ -167,6 +176,137 @@ def test_api_key_is_enforced(server, key):
     base = server[0]
     status, body = raw(base, "/v1/models", None, key=key)
     assert status == 401 and body.get("error")
+    # vLLM's own --api-key leaves these open; ours does not
+    for path in ("/metrics", "/version", "/load"):
+        assert get(base, path, key=key)[0] == 401, path
+    for path, body in (("/tokenize", {"model": MODEL, "prompt": "hi"}),
+                       ("/invocations", {"model": MODEL, "prompt": "hi", "max_tokens": 1})):
+        assert raw(base, path, json.dumps(body).encode(), key=key)[0] == 401, path
+    assert get(base, "/ping", key=key)[0] == 200
+
+
+def test_the_key_is_not_in_argv_or_the_log(server):
+    import psutil
+
+    base, log, proc = server
+    for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+        assert API_KEY not in " ".join(p.cmdline()), p.cmdline()
+    assert API_KEY not in log.read_text()
+    assert raw(base, "/tokenize", json.dumps({"model": MODEL, "prompt": "hi"}).encode())[0] == 200
+
+
+def vllm_app(serve_args: list[str]):
+    """vLLM's FastAPI app as `edge-infer serve SERVE_ARGS` configures it, built in-process
+    without an engine: the routes and middleware are real, the handlers have no state."""
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from edge_infer.cli import build_parser
+    from edge_infer.serve.cli import serve_command
+
+    cmd, env = serve_command(build_parser().parse_args(["serve", *serve_args]))
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[3:])
+    # every task's routers, so that a route any model would get is listed
+    tasks = ("generate", "transcription", "realtime", "embed", "classify", "score", "render")
+    saved = {k: os.environ.get(k) for k in env if k.startswith(("EDGE_INFER_", "VLLM_API"))}
+    os.environ.update({k: env[k] for k in saved})
+    try:
+        return build_app(args, supported_tasks=tasks)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def every_route(app):
+    """(kind, path) of every route and mount of the app, path parameters filled in."""
+    import re
+
+    from starlette.routing import Mount, WebSocketRoute
+
+    for route in app.routes:
+        path = re.sub(r"\{[^}]+\}", "x", route.path)
+        if isinstance(route, WebSocketRoute):
+            yield "websocket", path, None
+        elif isinstance(route, Mount):
+            yield "http", path + "/", "GET"
+        else:
+            for method in sorted(route.methods or []):
+                yield "http", path, method
+
+
+@pytest.mark.parametrize("metrics_open", [False, True], ids=["default", "metrics-open"])
+def test_every_route_needs_the_key(edge_home, monkeypatch, metrics_open):
+    """Lists the routes vLLM registers and calls each without a key: only /health and /ping
+    (and /metrics with --metrics-open) answer; a route a vLLM upgrade adds is guarded too."""
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    from edge_infer.serve import auth
+
+    monkeypatch.setenv(auth.KEY_ENV, API_KEY)
+    app = vllm_app(["--dry-run", *(["--metrics-open"] if metrics_open else [])])
+    client = TestClient(app, raise_server_exceptions=False)
+    routes = list(every_route(app))
+    assert {"/tokenize", "/invocations", "/metrics", "/v1/completions"} <= {p for _, p, _ in routes}
+    opened = []
+    for kind, path, method in routes:
+        if kind == "websocket":
+            with pytest.raises(WebSocketDisconnect) as exc, client.websocket_connect(path):
+                pass
+            assert exc.value.code == 1008, path
+            continue
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            status = client.request(method, path, headers=headers, json={}).status_code
+            if status != 401:
+                opened.append((method, path, status))
+    expected_open = {p for p in auth.OPEN} | ({"/metrics", "/metrics/"} if metrics_open else set())
+    assert {p for _, p, _ in opened} == expected_open, opened
+    # and the key opens a guarded route (the handler then fails for want of an engine: not 401)
+    status = client.get("/version", headers={"Authorization": f"Bearer {API_KEY}"}).status_code
+    assert status != 401
+
+
+def test_overload_beyond_max_num_seqs_waits_and_drops_nothing(server, client):
+    """64 concurrent streaming clients against max_num_seqs 16: the excess wait in vLLM's queue
+    (seen in its waiting gauge) and every one finishes."""
+    import re
+    import threading
+
+    base = server[0]
+    waiting, stop_sampling = [0.0], threading.Event()
+
+    def sample():
+        while not stop_sampling.is_set():
+            status, body = get(base, "/metrics")
+            for m in re.finditer(rb"^vllm:num_requests_waiting\{[^}]*\} ([0-9.e+]+)$", body, re.M):
+                waiting[0] = max(waiting[0], float(m.group(1)))
+            time.sleep(0.1)
+
+    def one(i: int) -> tuple[str, str | None]:
+        stream = client.completions.create(model=MODEL, prompt=f"Item {i}:", max_tokens=24,
+                                           temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        text, finish = "", None
+        for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text or ""
+                finish = chunk.choices[0].finish_reason or finish
+        return text, finish
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            results = list(pool.map(one, range(64)))
+    finally:
+        stop_sampling.set()
+        sampler.join()
+    assert all(finish == "length" and text for text, finish in results), results
+    assert waiting[0] > 0, "64 clients never queued: the test did not overload the server"
 
 
 def test_eight_concurrent_streams_complete(client):

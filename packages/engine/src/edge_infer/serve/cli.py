@@ -9,6 +9,7 @@ import tempfile
 
 from edge_infer.errors import UsageError
 from edge_infer.kernels.cpu import activation_dtype
+from edge_infer.serve import auth
 from edge_infer.serve.resolve import resolve
 from edge_infer.serve.runtime import vllm_env
 
@@ -33,8 +34,11 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=os.environ.get("EDGE_INFER_HOST", "127.0.0.1"),
                    help="bind address (default 127.0.0.1, or EDGE_INFER_HOST; the image sets 0.0.0.0)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
-    p.add_argument("--api-key", default=os.environ.get("EDGE_INFER_API_KEY"),
-                   help="require this bearer key (or EDGE_INFER_API_KEY)")
+    p.add_argument("--api-key",
+                   help=f"require this bearer key on every route but {', '.join(auth.OPEN)}; "
+                   f"prefer {auth.KEY_ENV} in the environment (argv is visible to `ps`)")
+    p.add_argument("--metrics-open", action="store_true",
+                   help="serve /metrics without the key (for a scraper inside a trusted network)")
     p.add_argument("--profile", help="profile name or .toml file (default: the model's own)")
     p.add_argument("--threads", type=int, help="OpenMP threads (default: every allowed core)")
     p.add_argument("--max-model-len", type=int, help="override the profile's context length")
@@ -69,6 +73,8 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         "--disable-uvicorn-access-log",
         # OpenAI-strict checks vLLM does not make (an unknown chat role is a 400)
         "--middleware", "edge_infer.serve.strict.check_request",
+        # the key on every route, not only vLLM's /v1; added last, so it runs first
+        "--middleware", "edge_infer.serve.auth.RequireKey",
         # The worker in the engine-core process: no third process and no shared-memory queues
         # (160 + 240 MiB of /dev/shm, more than a container's default 64 MiB). vLLM's CPU
         # platform keeps "uni" only with VLLM_ENABLE_V1_MULTIPROCESSING=0 (set below); the API
@@ -80,26 +86,41 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     if s.tool_call_parser:
         # `tool_choice: "auto"` needs both flags; the parser is the model family's format
         cmd += ["--enable-auto-tool-choice", "--tool-call-parser", s.tool_call_parser]
-    if args.api_key:
-        cmd += ["--api-key", args.api_key]
     if r.profile.chat.template:
         fd, path = tempfile.mkstemp(prefix="edge-infer-chat-", suffix=".jinja")
         with os.fdopen(fd, "w") as f:
             f.write(r.profile.chat.template)
         cmd += ["--chat-template", path]
     env = {**os.environ, **vllm_env(r.profile, args.threads), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # The key travels in the environment, never in argv. vLLM's own check reads VLLM_API_KEY
+    # (it guards /v1 only); ours reads EDGE_INFER_API_KEY and guards the rest too.
+    key = api_key(args)
+    for name in (auth.KEY_ENV, "VLLM_API_KEY"):
+        env.pop(name, None)
+        if key:
+            env[name] = key
+    env[auth.METRICS_OPEN_ENV] = "1" if args.metrics_open else "0"
     return cmd, env
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else EDGE_INFER_API_KEY, else VLLM_API_KEY (vLLM's own name)."""
+    return args.api_key or os.environ.get(auth.KEY_ENV) or os.environ.get("VLLM_API_KEY") or None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cmd, env = serve_command(args)
+    keyed = f"{auth.KEY_ENV}=*** " if env.get(auth.KEY_ENV) else ""
     if args.dry_run:
-        print(" ".join(cmd))
+        print(keyed + " ".join(cmd))
         return 0
-    shown = [c if c != args.api_key else "***" for c in cmd]
+    if not keyed:
+        print(f"edge-infer serve: WARNING: no API key: anyone who can reach {args.host}:"
+              f"{args.port} can use this server; set {auth.KEY_ENV} to require one",
+              file=sys.stderr, flush=True)
     dtype = cmd[cmd.index("--dtype") + 1]
-    print(f"edge-infer serve: activations {dtype}: " + " ".join(shown[2:]), file=sys.stderr,
-          flush=True)
+    print(f"edge-infer serve: activations {dtype}: {keyed}" + " ".join(cmd[2:]),
+          file=sys.stderr, flush=True)
     # exec: signals reach vLLM directly, and no parent lingers after it exits
     os.execve(sys.executable, cmd, env)
 
