@@ -175,7 +175,7 @@ def tests_image(session: nox.Session) -> None:
     """The engine image served for real: `docker run edge-infer serve` + the openai client."""
     _require(session, "a Docker API", _docker_ok(),
              "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
-    session.install("pytest>=8.3", "openai>=2.25")
+    sync(session)  # no package: uv.lock's dev group alone (pytest, openai), by hash
     session.run("pytest", "-v", "docker/tests", *session.posargs)
 
 

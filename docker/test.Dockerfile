@@ -25,7 +25,9 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=tools /opt/uv /opt/uv
 COPY --from=tools /tmp/dev.txt /tmp/dev.txt
-RUN /opt/uv/bin/uv pip install --no-cache --python /opt/venv/bin/python -r /tmp/dev.txt
+# uv export writes every sha256 uv.lock holds: nothing installs without one
+RUN /opt/uv/bin/uv pip install --no-cache --require-hashes --python /opt/venv/bin/python \
+        -r /tmp/dev.txt
 USER edge
 WORKDIR /repo
 ENTRYPOINT ["/opt/venv/bin/python", "-m", "pytest", "-p", "no:cacheprovider"]

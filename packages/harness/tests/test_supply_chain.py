@@ -1,10 +1,14 @@
-"""What the harness fetches and builds is what uv.lock pinned: the llama-cpp-python sdist is
-checked against uv.lock's sha256 before it is extracted or built, and llama.cpp's build tools
-are installed at pinned versions and hashes."""
+"""What the tree fetches, builds and installs is what was pinned: the llama-cpp-python sdist is
+checked against uv.lock's sha256 before it is extracted or built, llama.cpp's build tools come at
+pinned versions and hashes, and no install line of noxfile.py, the Dockerfiles or CI takes a
+version range."""
 
+import ast
 import gzip
 import hashlib
 import io
+import re
+import shlex
 import subprocess
 import tarfile
 import tomllib
@@ -111,3 +115,135 @@ def test_build_tools_are_pinned_with_hashes():
             continue
         assert pkg["version"] == version, name
         assert set(hashes) <= {w["hash"].removeprefix("sha256:") for w in pkg["wheels"]}, name
+
+
+# The install lines of the tree: every package comes at an exact version, from a lock, or from a
+# requirements file with hashes. A version range is whatever the index serves that day.
+
+VALUE_OPTIONS = {"-p", "--python", "-t", "--target", "--prefix", "--root", "-c", "--constraint",
+                 "-i", "--index-url", "--extra-index-url", "-f", "--find-links"}
+EXACT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+")
+
+
+def unpinned(args: list[str]) -> list[str]:
+    """The requirements of one `pip install` / `uv pip install` (its arguments after `install`)
+    that do not name one exact version: `-r` needs --require-hashes, our own tree --no-deps."""
+    bad, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("-r", "--requirement"):
+            if "--require-hashes" not in args:
+                bad.append(f"-r {args[i + 1]} without --require-hashes")
+            i += 2
+            continue
+        if a in VALUE_OPTIONS:
+            i += 2
+            continue
+        if not a.startswith("-"):
+            if a.startswith((".", "/")):  # the workspace's own packages, from the tree
+                if "--no-deps" not in args:
+                    bad.append(f"{a} without --no-deps (its dependencies would be resolved)")
+            elif not EXACT.fullmatch(a):
+                bad.append(a)
+        i += 1
+    return bad
+
+
+def shell_installs(command: str) -> list[list[str]]:
+    """The argument lists after `pip install` in a shell line (any pip: python -m pip, uv pip)."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    out, words = [], [*lexer, ";"]
+    for i in range(len(words) - 1):
+        if words[i].rsplit("/", 1)[-1] == "pip" and words[i + 1] == "install":
+            end = next(j for j in range(i, len(words)) if words[j] in ("&&", "||", ";", "|", "&"))
+            out.append(words[i + 2:end])
+    return out
+
+
+def dockerfile_runs(path: Path) -> list[str]:
+    """Each RUN of a Dockerfile as one line, its ARG defaults substituted."""
+    text = re.sub(r"\\\n", " ", path.read_text())
+    args, runs = {}, []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("ARG ") and "=" in line:
+            name, _, value = line[4:].partition("=")
+            args[name.strip()] = value.strip().strip('"')
+        elif line.startswith("RUN "):
+            runs.append(re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), line[4:]))
+    return runs
+
+
+@pytest.mark.parametrize("line, bad", [
+    ('pip install "uv==0.13.9"', []),
+    ("python -m pip install 'pytest>=8.3' openai", ["pytest>=8.3", "openai"]),
+    ("uv pip install --python /v/bin/python -r dev.txt && echo ok", ["-r dev.txt without --require-hashes"]),
+    ("uv pip install --require-hashes -r dev.txt", []),
+    ("uv pip install --target /opt/app ./packages/engine", ["./packages/engine without --no-deps (its "
+                                                           "dependencies would be resolved)"]),
+    ('pip install "nox[uv]==2026.10.20"; pip install torch', ["torch"]),
+])
+def test_the_pin_check_itself(line, bad):
+    assert [b for args in shell_installs(line) for b in unpinned(args)] == bad
+
+
+DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_dockerfile_installs_are_pinned(path):
+    runs = dockerfile_runs(path)
+    bad = [b for run in runs for args in shell_installs(run) for b in unpinned(args)]
+    assert not bad, f"{path.name}: unpinned install(s) {bad}"
+    for run in runs:
+        if "uv sync" in run:
+            assert "--frozen" in run or "--locked" in run, f"{path.name}: uv sync off uv.lock"
+
+
+def test_ci_installs_are_pinned():
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    bad = [b for line in lines for args in shell_installs(line) for b in unpinned(args)]
+    assert not bad, f".ci/run: unpinned install(s) {bad}"
+
+
+def noxfile_installs() -> list[tuple[int, list[str]]]:
+    """(line, arguments) of each package install in noxfile.py: `session.install(...)` and the
+    `pip install` of any session.run*. An argument not written out literally is reported as is."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        args = [a.value if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                else f"<{ast.unparse(a)}>" for a in node.args]
+        if node.func.attr == "install":
+            out.append((node.lineno, args))
+        elif node.func.attr.startswith("run"):
+            for i in range(len(args) - 1):
+                if args[i].rsplit("/", 1)[-1] == "pip" and args[i + 1] == "install":
+                    out.append((node.lineno, args[i + 2:]))
+    return out
+
+
+def test_noxfile_installs_are_pinned():
+    bad = [(line, b) for line, args in noxfile_installs() for b in unpinned(args)]
+    assert not bad, f"noxfile.py: unpinned install(s) (line, requirement): {bad}"
+
+
+def test_noxfile_syncs_from_the_lock_after_the_torch_wheel_check():
+    """Every `uv sync` of noxfile.py is --frozen, and its function runs tools/torch_wheel.py
+    (which deletes a wheel that is not the pinned one) before it."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    syncs = 0
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+        lists = [n for n in ast.walk(fn) if isinstance(n, ast.List)
+                 and [getattr(e, "value", None) for e in n.elts[:2]] == ["uv", "sync"]]
+        for lst in lists:
+            syncs += 1
+            assert "--frozen" in [getattr(e, "value", None) for e in lst.elts], fn.name
+            checks = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Constant)
+                      and n.value == "torch_wheel.py"]
+            assert checks and min(checks) < lst.lineno, f"{fn.name}: uv sync before torch_wheel.py"
+    assert syncs, "noxfile.py has no `uv sync` left: update this test"
+
