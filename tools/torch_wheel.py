@@ -2,8 +2,9 @@
 """Put the pinned CPU build of torch into ./wheels, where uv.lock expects it.
 
 PyPI's `torch` is the multi-GB CUDA build; the CPU wheel (`torch==2.13.0+cpu`) lives on
-PyTorch's own index. uv.lock pins it by sha256 from the `wheels` find-links folder, so every
-install path (nox, CI, the images) runs this first. It looks, in order, in:
+PyTorch's own index. uv.lock names it in the `wheels` find-links folder and
+tools/torch_wheel.sha256 pins its sha256, so every install path (nox, CI, the images) runs this
+first; a wheel that does not match is deleted, never installed. It looks, in order, in:
   1. ./wheels (already there),
   2. the find-links folders of pip's configuration (`pip config list`), e.g. a local mirror,
   3. PyTorch's CPU index, with pip download.
@@ -21,11 +22,13 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WHEEL = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
-SPEC = "torch==2.13.0+cpu"
+# uv.lock records a find-links wheel by file name only (no hash), so the pin lives in this one
+# file, in `sha256sum -c` form: read here, and checked by the Dockerfiles before `uv sync`.
+PIN = Path(__file__).resolve().with_name("torch_wheel.sha256")
+SHA256, _PINNED_PATH = PIN.read_text().split()
+WHEEL = Path(_PINNED_PATH).name
+SPEC = f"torch=={WHEEL.split('-')[1]}"  # torch==2.13.0+cpu
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-# uv.lock records a find-links wheel by file name only (no hash), so the pin lives here.
-SHA256 = "6746dbcbeb526eb61330b76b41ff1b4eb848951103a892eeb080dfa2b264667b"
 
 
 def sha256(path: Path) -> str:
@@ -87,7 +90,8 @@ def ensure(dest_dir: Path) -> Path:
     )
     if sha256(dest) != want:
         dest.unlink()
-        sys.exit(f"torch_wheel: {WHEEL} does not match the sha256 pinned here")
+        sys.exit(f"torch_wheel: {WHEEL} from {CPU_INDEX} does not match the sha256 in "
+                 f"{PIN.relative_to(ROOT)}: deleted it, nothing installed")
     return dest
 
 

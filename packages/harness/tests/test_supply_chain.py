@@ -1,14 +1,16 @@
 """What the tree fetches, builds and installs is what was pinned: the llama-cpp-python sdist is
 checked against uv.lock's sha256 before it is extracted or built, llama.cpp's build tools come at
-pinned versions and hashes, and no install line of noxfile.py, the Dockerfiles or CI takes a
-version range."""
+pinned versions and hashes, the CPU torch wheel is checked against one pinned sha256 wherever it
+is installed, and no install line of noxfile.py, the Dockerfiles or CI takes a version range."""
 
 import ast
 import gzip
 import hashlib
+import importlib.util
 import io
 import re
 import shlex
+import shutil
 import subprocess
 import tarfile
 import tomllib
@@ -247,3 +249,60 @@ def test_noxfile_syncs_from_the_lock_after_the_torch_wheel_check():
             assert checks and min(checks) < lst.lineno, f"{fn.name}: uv sync before torch_wheel.py"
     assert syncs, "noxfile.py has no `uv sync` left: update this test"
 
+
+# The CPU torch wheel: one sha256, in tools/torch_wheel.sha256, read by tools/torch_wheel.py and
+# checked by `sha256sum --check` in every image before uv installs it.
+
+PIN = ROOT / "tools" / "torch_wheel.sha256"
+
+
+def torch_wheel():
+    spec = importlib.util.spec_from_file_location("torch_wheel", ROOT / "tools" / "torch_wheel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torch_pin_is_one_file_that_torch_wheel_reads():
+    sha, path = re.fullmatch(r"([0-9a-f]{64})  (wheels/torch-[^\s/]+\.whl)\n", PIN.read_text()).groups()
+    tw = torch_wheel()
+    assert (tw.SHA256, tw.WHEEL) == (sha, Path(path).name)
+    assert tw.SPEC == "torch==2.13.0+cpu"  # the version uv.lock holds
+    assert locked("torch")["version"] == tw.SPEC.split("==")[1]
+
+
+@pytest.mark.parametrize("path", [p for p in DOCKERFILES if "uv sync" in p.read_text()],
+                         ids=lambda p: p.name)
+def test_dockerfile_checks_torch_wheel_before_uv_sync(path):
+    text = re.sub(r"\\\n", " ", path.read_text())
+    check = text.find("sha256sum --check --strict tools/torch_wheel.sha256")
+    assert "COPY tools/torch_wheel.sha256 tools/" in text, path.name
+    assert 0 <= check < text.find("uv sync"), f"{path.name}: torch is installed unchecked"
+    assert "!tools/torch_wheel.sha256" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+@pytest.mark.skipif(shutil.which("sha256sum") is None, reason="no sha256sum (coreutils) here")
+def test_dockerfile_check_rejects_a_tampered_wheel(tmp_path):
+    (tmp_path / "tools").mkdir()
+    shutil.copy(PIN, tmp_path / "tools")
+    wheel = tmp_path / PIN.read_text().split()[1]
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"not torch")
+    proc = subprocess.run(["sha256sum", "--check", "--strict", "tools/torch_wheel.sha256"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode != 0 and "FAILED" in proc.stdout
+
+
+def test_torch_wheel_deletes_a_tampered_download(tmp_path, monkeypatch):
+    tw = torch_wheel()
+    monkeypatch.setattr(tw, "pip_find_links", lambda: [])
+    (tmp_path / tw.WHEEL).write_bytes(b"stale, not torch")
+
+    def pip_download(cmd, **kwargs):
+        (Path(cmd[cmd.index("--dest") + 1]) / tw.WHEEL).write_bytes(b"not torch either")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(tw.subprocess, "run", pip_download)
+    with pytest.raises(SystemExit, match="does not match the sha256 in tools/torch_wheel.sha256"):
+        tw.ensure(tmp_path)
+    assert not (tmp_path / tw.WHEEL).exists()
