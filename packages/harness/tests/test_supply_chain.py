@@ -1,7 +1,8 @@
 """What the tree fetches, builds and installs is what was pinned: the llama-cpp-python sdist is
-checked against uv.lock's sha256 before it is extracted or built, llama.cpp's build tools come at
-pinned versions and hashes, the CPU torch wheel is checked against one pinned sha256 wherever it
-is installed, and no install line of noxfile.py, the Dockerfiles or CI takes a version range."""
+checked against uv.lock's sha256 before it is extracted or built, its build backend and tools
+come at pinned versions (and hashes, where pip builds it), the CPU torch wheel is checked against
+one pinned sha256 wherever it is installed, and no install line of noxfile.py, the Dockerfiles or
+CI takes a version range."""
 
 import ast
 import gzip
@@ -118,6 +119,18 @@ def test_build_tools_are_pinned_with_hashes():
         assert pkg["version"] == version, name
         assert set(hashes) <= {w["hash"].removeprefix("sha256:") for w in pkg["wheels"]}, name
 
+
+
+def test_uv_builds_the_sdist_with_the_same_backend():
+    """uv sync builds llama-cpp-python from its sdist too (the venvs, the harness image): its
+    build constraints are llama_build.txt's versions of the backend and its dependencies."""
+    uv = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]
+    constraints = dict(c.split("==") for c in uv["build-constraint-dependencies"])
+    reqs = build_requirements()
+    assert constraints == {name: reqs[name][0] for name in ("scikit-build-core", "pathspec",
+                                                            "packaging")}
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())["manifest"]["build-constraints"]
+    assert {c["name"]: c["specifier"] for c in lock} == {k: f"=={v}" for k, v in constraints.items()}
 
 # The install lines of the tree: every package comes at an exact version, from a lock, or from a
 # requirements file with hashes. A version range is whatever the index serves that day.
