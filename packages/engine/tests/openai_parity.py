@@ -128,3 +128,78 @@ CHECKS = {f.__name__: f for f in (
 def run(name: str, client: openai.OpenAI, model: str) -> None:
     CHECKS[name](client, model)
     alive(client, model)
+
+
+# Bad input, sent raw (the openai client would refuse some of it): each is a 4xx with a message,
+# and the server answers a normal request afterwards.
+def bad_inputs(model: str) -> dict[str, tuple[str, bytes]]:
+    def body(**fields) -> bytes:
+        return json.dumps({"model": model, **fields}).encode()
+
+    completions, chat = "/v1/completions", "/v1/chat/completions"
+    return {
+        "malformed json": (completions, b'{"model": "%s", "prompt": ' % model.encode()),
+        "wrong type": (completions, body(prompt="hi", max_tokens="many")),
+        "max_tokens 0": (completions, body(prompt="hi", max_tokens=0)),
+        "max_tokens negative": (completions, body(prompt="hi", max_tokens=-5)),
+        "longer than context": (completions, body(prompt="word " * 3000, max_tokens=4)),
+        "unknown model": (completions, json.dumps({"model": "gpt-9", "prompt": "hi",
+                                                   "max_tokens": 4}).encode()),
+        "1 MB prompt": (completions, body(prompt="x" * (1 << 20), max_tokens=4)),
+        "messages not a list": (chat, body(messages="hi")),
+        "unknown chat role": (chat, body(messages=[{"role": "user", "content": "hi"},
+                                                   {"role": "wizard", "content": "hi"}])),
+    }
+
+
+BAD_CASES = sorted(bad_inputs("m"))
+
+
+def request(base: str, path: str, body: bytes | None, key: str | None) -> tuple[int, dict]:
+    """(status, JSON body) of one raw request; GET when there is no body."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(base + path, data=body, headers=headers,
+                                 method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            raw = r.read()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw or b"{}")
+    except ValueError:
+        return status, {"text": raw.decode(errors="replace")}
+
+
+def bad_input(case: str, base: str, key: str | None, client: openai.OpenAI, model: str) -> None:
+    path, body = bad_inputs(model)[case]
+    status, answer = request(base, path, body, key)
+    assert 400 <= status < 500, (status, answer)
+    error = answer.get("error")
+    message = error.get("message") if isinstance(error, dict) else error
+    assert message, answer
+    if case == "unknown chat role":  # as OpenAI's API answers it, naming the message
+        assert status == 400 and "messages[1].role: 'wizard' is not a chat role" in message, answer
+    alive(client, model)
+
+
+def key_required(base: str, key: str, model: str) -> None:
+    """Without the key (or with a wrong one) every route but /health and /ping is a 401, the
+    routes vLLM's own --api-key leaves open included."""
+    probes = [("/v1/models", None), ("/metrics", None), ("/version", None), ("/load", None),
+              ("/tokenize", json.dumps({"model": model, "prompt": "hi"}).encode()),
+              ("/invocations", json.dumps({"model": model, "prompt": "hi",
+                                           "max_tokens": 1}).encode())]
+    for wrong in (None, key + "-wrong"):
+        for path, body in probes:
+            status, answer = request(base, path, body, wrong)
+            assert status == 401 and answer.get("error"), (path, status, answer)
+        for path in ("/health", "/ping"):
+            assert request(base, path, None, wrong)[0] == 200, path
+    assert request(base, "/tokenize", probes[4][1], key)[0] == 200

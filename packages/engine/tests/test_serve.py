@@ -77,16 +77,7 @@ def client(server):
 
 
 def raw(base: str, path: str, body: bytes | None, key: str | None = API_KEY) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(base + path, data=body, headers=headers,
-                                 method="POST" if body is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+    return openai_parity.request(base, path, body, key)
 
 
 def test_models_lists_the_default(client):
@@ -139,50 +130,13 @@ def test_health_and_metrics(server):
     assert status == 200 and b"vllm:" in body
 
 
-BAD = {
-    "malformed json": b'{"model": "%s", "prompt": ' % MODEL.encode(),
-    "wrong type": json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": "many"}).encode(),
-    "max_tokens 0": json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 0}).encode(),
-    "max_tokens negative": json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": -5}).encode(),
-    "longer than context": json.dumps({"model": MODEL, "prompt": "word " * 3000,
-                                       "max_tokens": 4}).encode(),
-    "unknown model": json.dumps({"model": "gpt-9", "prompt": "hi", "max_tokens": 4}).encode(),
-    "1 MB prompt": json.dumps({"model": MODEL, "prompt": "x" * (1 << 20),
-                               "max_tokens": 4}).encode(),
-    "messages not a list": json.dumps({"model": MODEL, "messages": "hi"}).encode(),
-    "unknown chat role": json.dumps({"model": MODEL, "messages": [
-        {"role": "user", "content": "hi"}, {"role": "wizard", "content": "hi"}]}).encode(),
-}
-
-
-@pytest.mark.parametrize("case", sorted(BAD))
+@pytest.mark.parametrize("case", openai_parity.BAD_CASES)
 def test_bad_request_is_4xx_with_message(server, client, case):
-    base = server[0]
-    path = "/v1/chat/completions" if b'"messages"' in BAD[case] else "/v1/completions"
-    status, body = raw(base, path, BAD[case])
-    assert 400 <= status < 500, (status, body)
-    error = body.get("error")
-    message = error.get("message") if isinstance(error, dict) else error
-    assert message, body
-    if case == "unknown chat role":  # as OpenAI's API answers it, naming the message
-        assert status == 400 and "messages[1].role: 'wizard' is not a chat role" in message, body
-    # and the server still answers a normal request
-    r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)
-    assert r.choices[0].text is not None
+    openai_parity.bad_input(case, server[0], API_KEY, client, MODEL)
 
 
-@pytest.mark.parametrize("key", [None, "wrong-key"], ids=["missing", "incorrect"])
-def test_api_key_is_enforced(server, key):
-    base = server[0]
-    status, body = raw(base, "/v1/models", None, key=key)
-    assert status == 401 and body.get("error")
-    # vLLM's own --api-key leaves these open; ours does not
-    for path in ("/metrics", "/version", "/load"):
-        assert get(base, path, key=key)[0] == 401, path
-    for path, body in (("/tokenize", {"model": MODEL, "prompt": "hi"}),
-                       ("/invocations", {"model": MODEL, "prompt": "hi", "max_tokens": 1})):
-        assert raw(base, path, json.dumps(body).encode(), key=key)[0] == 401, path
-    assert get(base, "/ping", key=key)[0] == 200
+def test_api_key_is_enforced(server):
+    openai_parity.key_required(server[0], API_KEY, MODEL)
 
 
 def test_the_key_is_not_in_argv_or_the_log(server):
@@ -307,6 +261,20 @@ def test_overload_beyond_max_num_seqs_waits_and_drops_nothing(server, client):
         sampler.join()
     assert all(finish == "length" and text for text, finish in results), results
     assert waiting[0] > 0, "64 clients never queued: the test did not overload the server"
+
+
+def test_short_soak_loses_nothing(server):
+    """20 s of `nox -s soak`'s mix (bad requests, cancelled streams, long and short prompts):
+    every request is answered, cancelled or rejected as intended, and the server answers after."""
+    from edge_infer.serve import soak
+
+    base = server[0]
+    tally = soak.run_load(base, API_KEY, MODEL, clients=8, seconds=20, seed=0, max_requests=400)
+    rec = soak.summary(tally, 8, 20, 0)
+    assert rec["failed"] == 0, rec["failures"]
+    assert rec["answered"] > 0 and rec["sent"] == rec["answered"] + rec["cancelled"] + rec["bad_sent"]
+    assert rec["bad_rejected"] == rec["bad_sent"]
+    assert soak.answers(base, API_KEY, MODEL)
 
 
 def test_eight_concurrent_streams_complete(client):

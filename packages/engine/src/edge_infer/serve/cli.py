@@ -111,13 +111,13 @@ def api_key(args: argparse.Namespace) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     cmd, env = serve_command(args)
     keyed = f"{auth.KEY_ENV}=*** " if env.get(auth.KEY_ENV) else ""
-    if args.dry_run:
-        print(keyed + " ".join(cmd))
-        return 0
     if not keyed:
         print(f"edge-infer serve: WARNING: no API key: anyone who can reach {args.host}:"
               f"{args.port} can use this server; set {auth.KEY_ENV} to require one",
               file=sys.stderr, flush=True)
+    if args.dry_run:
+        print(keyed + " ".join(cmd))
+        return 0
     dtype = cmd[cmd.index("--dtype") + 1]
     print(f"edge-infer serve: activations {dtype}: {keyed}" + " ".join(cmd[2:]),
           file=sys.stderr, flush=True)
