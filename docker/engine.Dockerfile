@@ -74,6 +74,9 @@ COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/app /opt/app
 RUN echo /opt/app > /opt/venv/lib/python3.11/site-packages/edge-infer-app.pth
 COPY --from=build --chown=edge:edge /opt/edge-infer /opt/edge-infer
+# The compiled kernels stay root's: the serving user can load them but not replace them (their
+# sha256 record, checked before each load, catches a torn file; ownership stops a changed one).
+RUN chown -R root:root /opt/edge-infer/kernels && chmod -R go-w /opt/edge-infer/kernels
 ENV PATH=/opt/app/bin:/opt/venv/bin:$PATH \
     EDGE_INFER_HOME=/opt/edge-infer \
     EDGE_INFER_HOST=0.0.0.0 \

@@ -12,10 +12,9 @@ temporary name and renamed into place, and its sha256 is recorded next to it
 (`edge_infer_w4.so.sha256`, sha256sum's format). A library that is missing its record or
 does not match it (a build killed mid-link, a changed file) is never loaded: it is rebuilt,
 or, where the folder cannot be written, refused with one line.
-In the image (docker/engine.Dockerfile) the library is built as root at image build time, but
-the final stage copies EDGE_INFER_HOME with `--chown=edge`, so it is not root-owned there: the
-running user could rewrite library and record alike. The hash catches a torn or corrupted
-file, not a deliberate change; only a root-owned copy would stop that.
+In the image (docker/engine.Dockerfile) the library is built as root at image build time and
+its folder stays root-owned and read-only to the serving user: the hash catches a torn or
+corrupted file, the ownership a deliberate change.
 """
 
 from __future__ import annotations
