@@ -266,6 +266,16 @@ def serve_smoke(session: nox.Session) -> None:
     session.run("python", "-m", "edge_infer.serve.smoke", *session.posargs, env=OFFLINE_ENV)
 
 
+@nox.session(tags=["bench"])
+def soak(session: nox.Session) -> None:
+    """10 minutes of mixed load (24 clients: bad requests, cancelled streams, long and short
+    prompts) against `edge-infer serve` on loopback, appended to docs/results/soak.jsonl; fails
+    on a lost request, RSS growth over 10% or a server that stops answering. Args go to
+    edge_infer.serve.soak (e.g. `-- --minutes 2 --clients 16`)."""
+    sync(session, "edge-infer", extras=("vllm",))
+    session.run("python", "-m", "edge_infer.serve.soak", *session.posargs, env=OFFLINE_ENV)
+
+
 @nox.session
 def models(session: nox.Session) -> None:
     """`edge-infer models ...` in the engine environment, e.g. `nox -s models -- pull NAME`."""
