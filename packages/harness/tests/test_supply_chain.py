@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_harness.bench import gguf_build
-from edge_harness.fidelity import perplexity_tool
+from edge_harness.bench import gguf_build, llama_tools
 from edge_infer.errors import EdgeInferError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -75,9 +74,9 @@ def test_tampered_sdist_is_not_extracted(pip_serves_fake_sdist):
 
 def test_tampered_sdist_is_not_built(pip_serves_fake_sdist):
     with pytest.raises(EdgeInferError, match="not uv.lock's"):
-        perplexity_tool.tool_path()
+        llama_tools.tool_path("llama-bench")
     assert pip_serves_fake_sdist == []  # neither the build tools nor `pip wheel` ran
-    assert not perplexity_tool.tools_dir().exists()
+    assert not llama_tools.tools_dir().exists()
 
 
 def test_sdist_with_the_pinned_hash_extracts(pip_serves_fake_sdist, monkeypatch):
@@ -93,7 +92,7 @@ def test_sdist_pin_is_uv_locks():
 
 def build_requirements() -> dict[str, tuple[str, list[str]]]:
     """llama_build.txt as {name: (version, [sha256, ...])}; fails on any line not `==` pinned."""
-    text = perplexity_tool.BUILD_REQUIREMENTS.read_text().replace("\\\n", " ")
+    text = llama_tools.BUILD_REQUIREMENTS.read_text().replace("\\\n", " ")
     out = {}
     for line in text.splitlines():
         line = line.split("#")[0].strip()

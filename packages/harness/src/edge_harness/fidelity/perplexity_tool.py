@@ -1,5 +1,5 @@
-"""llama.cpp's own `llama-perplexity --kl-divergence`, built from the llama-cpp-python sdist we
-link (its vendored llama.cpp), and the cross-check of our llama.cpp numbers against it.
+"""llama.cpp's own `llama-perplexity --kl-divergence` (built by edge_harness.bench.llama_tools
+from the llama-cpp-python sdist we link), and the cross-check of our llama.cpp numbers against it.
 
 Same text, same GGUFs, same chunking: llama-perplexity tokenizes the corpus text file with the
 model's tokenizer (add_special on), cuts chunks of n_ctx, puts BOS first when the vocabulary
@@ -13,74 +13,14 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from filelock import FileLock
-
-from edge_harness.bench import gguf_build
+from edge_harness.bench.llama_tools import tool_env, tool_path
 from edge_infer.errors import EdgeInferError
 
 TOOL = "llama-perplexity"
-# The build runs without pip's build isolation, on these tools alone (see the file).
-BUILD_REQUIREMENTS = Path(__file__).with_name("llama_build.txt")
-CMAKE_ARGS = "-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
-
-
-def tools_dir() -> Path:
-    return gguf_build.harness_home() / f"llama.cpp-tools-{gguf_build.LLAMA_CPP_PYTHON}"
-
-
-def tool_path() -> Path:
-    """The llama-perplexity binary, built once from the sdist (minutes on 2 cores)."""
-    root = tools_dir()
-    binary = root / "bin" / TOOL
-    if binary.is_file():
-        return binary
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root) + ".lock"):
-        if binary.is_file():
-            return binary
-        with tempfile.TemporaryDirectory(prefix="tools-", dir=root.parent) as tmp:
-            sdist = gguf_build.download_sdist(Path(tmp))  # sha256-checked against uv.lock
-            build = Path(tmp) / "build"
-            env = {**build_tools(Path(tmp) / "build-tools"), "CMAKE_ARGS": CMAKE_ARGS}
-            print(f"building {TOOL} from {sdist.name} (once; ~8 min on 2 quiet cores)",
-                  file=sys.stderr, flush=True)
-            cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
-                   "--no-build-isolation", "-w", str(Path(tmp) / "wheel"),
-                   "-C", f"build-dir={build}",
-                   "-C", f"build.targets={TOOL}", "-C", "build.targets=mtmd", str(sdist)]
-            proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-            built = build / "bin" / TOOL
-            if not built.is_file():
-                tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-                raise EdgeInferError(f"building {TOOL} failed (pip wheel exit {proc.returncode}):\n{tail}")
-            (root / "bin").mkdir(parents=True, exist_ok=True)
-            for f in (build / "bin").iterdir():  # the tool and the shared libraries it links
-                if f.is_file():
-                    shutil.copy2(f, root / "bin" / f.name)
-    return binary
-
-
-def build_tools(dest: Path) -> dict[str, str]:
-    """Install llama_build.txt (scikit-build-core, cmake, ninja at pinned versions and hashes)
-    into `dest`; the environment that puts them first on PYTHONPATH and PATH for the build."""
-    cmd = [sys.executable, "-m", "pip", "install", "--require-hashes", "--only-binary", ":all:",
-           "--no-cache-dir", "--disable-pip-version-check", "--target", str(dest),
-           "-r", str(BUILD_REQUIREMENTS)]
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise EdgeInferError(f"could not install the pinned build tools of {TOOL} "
-                             f"({BUILD_REQUIREMENTS.name}): {last}")
-    pythonpath = [str(dest), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath),
-            "PATH": f"{dest / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-
 
 # "Mean    KLD:   0.012345 ±   0.000123", "Same top p: 93.456 ± 0.123 %", "99.0%   KLD: ..."
 PATTERNS = {
@@ -110,12 +50,12 @@ def parse(output: str) -> dict[str, float]:
 
 def run_tool(base_gguf: Path, test_gguf: Path, text: str, chunks: int, n_ctx: int,
              cores: list[int], workdir: Path) -> dict[str, float]:
-    binary = tool_path()
+    binary = tool_path(TOOL)
     text_file = workdir / "corpus.txt"
     text_file.write_text(text, encoding="utf-8")
     kld = workdir / "base.kld"
     common = ["-c", str(n_ctx), "-t", str(len(cores)), "-fa", "on"]
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    env = tool_env(binary)
     pin = lambda: os.sched_setaffinity(0, cores)  # noqa: E731
     for args in ([str(binary), "-m", str(base_gguf), "-f", str(text_file), "--chunks", str(chunks),
                   "--kl-divergence-base", str(kld), *common],

@@ -1,0 +1,94 @@
+"""llama.cpp's own command-line tools, `llama-perplexity` and `llama-bench`, built together once
+from the llama-cpp-python sdist we link (its vendored llama.cpp, sha256-checked against
+uv.lock), so they measure the very llama.cpp our runner loads.
+
+One build makes every tool in TOOLS; a cached tools folder missing one of them (built before
+that tool was added) is built again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from filelock import FileLock
+
+from edge_harness.bench import gguf_build
+from edge_infer.errors import EdgeInferError
+
+TOOLS = ("llama-perplexity", "llama-bench")
+# The build runs without pip's build isolation, on these tools alone (see the file).
+BUILD_REQUIREMENTS = Path(__file__).with_name("llama_build.txt")
+CMAKE_ARGS = "-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
+
+
+def tools_dir() -> Path:
+    return gguf_build.harness_home() / f"llama.cpp-tools-{gguf_build.LLAMA_CPP_PYTHON}"
+
+
+def _complete(root: Path) -> bool:
+    return all((root / "bin" / t).is_file() for t in TOOLS)
+
+
+def tool_path(tool: str) -> Path:
+    """The binary of `tool` (one of TOOLS); all of them are built on first use (~8 min on 2
+    quiet cores)."""
+    if tool not in TOOLS:
+        raise ValueError(f"{tool}: not one of the llama.cpp tools built here ({', '.join(TOOLS)})")
+    root = tools_dir()
+    if _complete(root):
+        return root / "bin" / tool
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root) + ".lock"):
+        if not _complete(root):
+            _build(root)
+    return root / "bin" / tool
+
+
+def _build(root: Path) -> None:
+    with tempfile.TemporaryDirectory(prefix="tools-", dir=root.parent) as tmp:
+        sdist = gguf_build.download_sdist(Path(tmp))  # sha256-checked against uv.lock
+        build = Path(tmp) / "build"
+        env = {**build_tools(Path(tmp) / "build-tools"), "CMAKE_ARGS": CMAKE_ARGS}
+        print(f"building {', '.join(TOOLS)} from {sdist.name} (once; ~8 min on 2 quiet cores)",
+              file=sys.stderr, flush=True)
+        targets = [a for t in (*TOOLS, "mtmd") for a in ("-C", f"build.targets={t}")]
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
+               "--no-build-isolation", "-w", str(Path(tmp) / "wheel"),
+               "-C", f"build-dir={build}", *targets, str(sdist)]
+        proc = subprocess.run(cmd, env=env, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        missing = [t for t in TOOLS if not (build / "bin" / t).is_file()]
+        if missing:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+            raise EdgeInferError(f"building {', '.join(missing)} failed "
+                                 f"(pip wheel exit {proc.returncode}):\n{tail}")
+        (root / "bin").mkdir(parents=True, exist_ok=True)
+        for f in (build / "bin").iterdir():  # the tools and the shared libraries they link
+            if f.is_file():
+                shutil.copy2(f, root / "bin" / f.name)
+
+
+def build_tools(dest: Path) -> dict[str, str]:
+    """Install llama_build.txt (scikit-build-core, cmake, ninja at pinned versions and hashes)
+    into `dest`; the environment that puts them first on PYTHONPATH and PATH for the build."""
+    cmd = [sys.executable, "-m", "pip", "install", "--require-hashes", "--only-binary", ":all:",
+           "--no-cache-dir", "--disable-pip-version-check", "--target", str(dest),
+           "-r", str(BUILD_REQUIREMENTS)]
+    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise EdgeInferError(f"could not install the pinned build tools of llama.cpp's tools "
+                             f"({BUILD_REQUIREMENTS.name}): {last}")
+    pythonpath = [str(dest), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(pythonpath),
+            "PATH": f"{dest / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def tool_env(binary: Path) -> dict[str, str]:
+    """The environment a tool runs in: the shared libraries built with it come first."""
+    return {**os.environ,
+            "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
