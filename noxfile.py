@@ -408,9 +408,11 @@ def docs_check(session: nox.Session) -> None:
 
 @nox.session(name="fidelity-crosscheck", tags=["fidelity", "test"])
 def fidelity_crosscheck(session: nox.Session) -> None:
-    """Our llama.cpp KL / same-top against llama.cpp's own `llama-perplexity --kl-divergence`
-    (built once from the llama-cpp-python sdist, cached), as a test: within 1% relative.
-    `edge-infer fidelity crosscheck --results docs/results/fidelity.jsonl` records it."""
+    """Our llama.cpp numbers against llama.cpp's own tools (built once from the llama-cpp-python
+    sdist, cached), as tests: KL / same-top against `llama-perplexity --kl-divergence` within 1%
+    relative; and the real `llama-bench` beside our llama.cpp runner (structure only: speed is
+    recorded, never asserted). `edge-infer fidelity crosscheck --results
+    docs/results/fidelity.jsonl` and `edge-infer bench crosscheck` record them."""
     sync(session, "edge-infer-harness")
     session.run("pytest", "-s", "packages/harness/slow_tests", *session.posargs,
                 env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"})

@@ -10,8 +10,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def bench_records() -> list[dict]:
+    """The speed records (kind "bench"; checks such as llama_bench_crosscheck left out)."""
     lines = (ROOT / "docs" / "results" / "bench.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    records = [json.loads(line) for line in lines if line.strip()]
+    return [r for r in records if r.get("kind", "bench") == "bench"]
 
 
 def cell(r: dict) -> str:

@@ -1,4 +1,4 @@
-"""`edge-infer bench run | load | ceiling | gemm | report` (entry point of edge_infer.commands).
+"""`edge-infer bench run | crosscheck | load | ceiling | gemm | report` (entry point of edge_infer.commands).
 
 Flags of `bench run` follow llama-bench: -m, -p, -n, -r, -t (comma lists), -o md|csv|json|
 jsonl|sql; engines are ENGINE:QUANT specs (`-e ours:w4a16,llama.cpp:q4_k_m`).
@@ -124,6 +124,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _guard_flags(r)
     r.set_defaults(func=cmd_run)
 
+    x = bsub.add_parser("crosscheck", help="the real llama-bench beside our llama.cpp runner, "
+                        "same GGUF, cores and guard, alternating; recorded")
+    x.add_argument("-m", "--model", default="smollm2-135m", help="registry model or HF folder")
+    x.add_argument("-q", "--quant", default="q4_k_m",
+                   help="llama.cpp quant of the GGUF both run (bf16, f16, q4_k_m, q4_0, original)")
+    x.add_argument("-p", "--n-prompt", type=int, default=512, help="prefill size (512)")
+    x.add_argument("-n", "--n-gen", type=int, default=128, help="decode length (128)")
+    x.add_argument("-r", "--repetitions", type=int, default=3,
+                   help="rounds; each runs llama-bench -r 1 once and our runner once (3)")
+    x.add_argument("-t", "--threads", type=int, default=None,
+                   help="threads (default: one per chosen core)")
+    x.add_argument("--seed", type=int, default=0, help="seed of our runner's random token ids")
+    x.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                   help=f"JSONL file records are appended to (default {DEFAULT_RESULTS})")
+    x.add_argument("--no-results", action="store_true", help="append no records")
+    _guard_flags(x)
+    x.set_defaults(func=cmd_crosscheck)
+
     ld = bsub.add_parser("load", help="load generator: busy processes on cores, bounded in time")
     ld.add_argument("--cores", required=True, help="CPU ids to load, e.g. 0,1")
     ld.add_argument("--seconds", type=_positive, required=True, help="how long (it stops by itself)")
@@ -195,6 +213,28 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"-e lists an engine build twice: {labels}")
     records = Bench(plan).run()
     _print_records([r for r in records if r.test != "ceiling"], args.output)
+    return 0
+
+
+def cmd_crosscheck(args: argparse.Namespace) -> int:
+    from edge_harness.bench.crosscheck import CrosscheckPlan, crosscheck, table
+    from edge_harness.bench.run import command_line
+    from edge_harness.runners.llamacpp import LlamaCppRunner
+
+    if args.quant not in LlamaCppRunner.quants:
+        raise UsageError(f"-q {args.quant}: llama.cpp offers {', '.join(LlamaCppRunner.quants)}")
+    plan = CrosscheckPlan(
+        model=args.model, quant=args.quant, n_prompt=args.n_prompt, n_gen=args.n_gen,
+        reps=args.repetitions, threads=args.threads, cores=args.cores, seed=args.seed,
+        results=None if args.no_results else args.results, force=args.force,
+        threshold=args.threshold, window=args.window, wait=args.wait, lock_wait=args.lock_wait,
+        command=command_line(),
+    )
+    records = crosscheck(plan)
+    first = records[0].extra
+    print(f"llama-bench {first['build_commit']} (build {first['build_number']}) beside our "
+          f"llama.cpp runner ({first['ours_version']}) on {first['gguf']}:\n")
+    sys.stdout.write(table(records))
     return 0
 
 

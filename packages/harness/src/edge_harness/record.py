@@ -65,6 +65,9 @@ class Record:
     timestamp: str = ""
     command: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # "bench" (the speed tables), or a check kept beside them that reports leave out, e.g.
+    # "llama_bench_crosscheck" (bench/crosscheck.py); absent in older records: "bench".
+    kind: str = "bench"
     schema: int = SCHEMA
     # derived from samples in __post_init__
     mean: float = 0.0
@@ -138,9 +141,10 @@ def _torn_tail(fd: int, end: int) -> int:
     return size
 
 
-def read_records(path: Path) -> list[Record]:
-    """Every record of a JSONL file. A torn last line (a crash mid-write: no newline, not
-    JSON) is skipped with a warning; a bad line anywhere else is an error."""
+def read_records(path: Path, kind: str | None = "bench") -> list[Record]:
+    """The records of `kind` in a JSONL file (all of them with kind None). A torn last line (a
+    crash mid-write: no newline, not JSON) is skipped with a warning; a bad line anywhere else
+    is an error."""
     records = []
     path = Path(path)
     text = path.read_text()
@@ -149,12 +153,14 @@ def read_records(path: Path) -> list[Record]:
         if not line.strip():
             continue
         try:
-            records.append(Record.from_dict(json.loads(line)))
+            record = Record.from_dict(json.loads(line))
         except (json.JSONDecodeError, TypeError) as exc:
             if i == len(lines) and not text.endswith("\n"):
                 log.warning("%s:%d: skipping a torn last line (%s)", path, i, exc)
                 continue
             raise ValueError(f"{path}:{i}: not a harness record ({exc})") from None
+        if kind is None or record.kind == kind:
+            records.append(record)
     return records
 
 

@@ -2,7 +2,8 @@
 
 The newest record of each (model, engine, quant, test, threads) is shown; older ones stay in
 the JSONL as history. Output in `--out` (default docs/results/): report.md, prefill.png,
-decode.png, roofline.png and, when GEMM records exist, gemm.png. The ratio table (ours /
+decode.png, roofline.png and, when GEMM records exist, gemm.png. Records of llama-bench
+beside our llama.cpp runner (kind llama_bench_crosscheck) get their own table. The ratio table (ours /
 llama.cpp) is also printed, since it is the number people ask for.
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from edge_harness.bench.crosscheck import KIND, TOLERANCE
+from edge_harness.bench.crosscheck import table as crosscheck_table
 from edge_harness.record import Record, read_records
 from edge_harness.report.printers import MD_COLUMNS, gemm_gbs, md_row, md_table
 
@@ -163,6 +166,18 @@ def render(results: Path, out: Path) -> str:
                                 [[str(r.threads), ",".join(map(str, r.cores)), f"{r.median:.2f}",
                                   f"{min(r.samples):.2f}", r.guard]
                                  for r in sorted(regions, key=lambda r: r.threads)]))
+    checks = latest(read_records(results, kind=KIND))
+    if checks:
+        builds = sorted({r.engine_version for r in checks})
+        commands = list(dict.fromkeys(r.command for r in checks if r.command))
+        parts.append(
+            "\n## llama-bench beside our llama.cpp runner\n\n"
+            "The real llama-bench (built from the llama-cpp-python sdist our runner links) and "
+            "our runner (runners/llamacpp.py) on the same GGUF, cores and threads, under the same "
+            "guard, alternating: each round one `llama-bench -r 1` (its own warm-up), then one "
+            "repetition of ours. Medians (min-max) of the rounds; agree: the ranges overlap or "
+            f"the ratio is within ±{TOLERANCE:.0%}. Builds: {'; '.join(builds)}. Commands: "
+            + "; ".join(f"`{c}`" for c in commands) + ".\n\n" + crosscheck_table(checks))
     plots = plot(shown, out)
     if plots:
         parts.append("\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n" for p in plots))

@@ -6,8 +6,10 @@ llama-bench (tools/llama-bench) per repetition: clear the KV cache, then
   then `llama_synchronize`;
 - tg: n calls of `llama_decode` on one token each (BOS, then random ids), synchronizing after
   each; the cache starts empty.
-*Measured* here (Qwen3-0.6B shape, Q4_K_M, 2 threads): llama-bench 118 / 31.7 tok/s, this
-code 123 / 31.3: the same within noise.
+Whether it measures what llama-bench measures is checked, not assumed: `edge-infer bench
+crosscheck` runs the real llama-bench (built from the same sdist) beside this code on the same
+GGUF, cores and guard, and records both (kind llama_bench_crosscheck in
+docs/results/bench.jsonl, shown in docs/results/report.md).
 
 Context settings follow llama-bench's defaults (n_batch 2048, n_ubatch 512, mmap on, f16 KV
 cache). Flash attention is pinned on: llama-bench and the low-level defaults use "auto" (on
