@@ -242,6 +242,8 @@ def main() -> int:
     args = p.parse_args()
     if not 0 < args.minutes <= 120 or not 1 <= args.clients <= 256:
         p.error("--minutes must be in (0, 120] and --clients in 1..256")
+    # provenance of the code that runs: taken now, not after minutes of load
+    provenance = context(threads=len(os.sched_getaffinity(0)))
     key = secrets.token_urlsafe(24)
     proc, base = start_server(args.model, key, args.log, args.timeout)
     try:
@@ -262,7 +264,7 @@ def main() -> int:
             os.killpg(proc.pid, signal.SIGKILL)
     growth = rss_end / rss_start - 1
     rec = {
-        **context(threads=len(os.sched_getaffinity(0))),
+        **provenance,
         "kind": "soak", "model": model,
         "command": "python -m edge_infer.serve.soak " + " ".join(sys.argv[1:]),
         # a load test, not a speed figure: latencies under deliberately mixed load
