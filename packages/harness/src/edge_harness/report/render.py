@@ -169,6 +169,8 @@ def render(results: Path, out: Path) -> str:
     checks = latest(read_records(results, kind=KIND))
     if checks:
         builds = sorted({r.engine_version for r in checks})
+        where = sorted({f"{r.cpu_model} ({r.isa}), commit {(r.git_commit or '?')[:10]}"
+                        + ("+dirty" if r.git_dirty else "") for r in checks})
         commands = list(dict.fromkeys(r.command for r in checks if r.command))
         parts.append(
             "\n## llama-bench beside our llama.cpp runner\n\n"
@@ -176,7 +178,8 @@ def render(results: Path, out: Path) -> str:
             "our runner (runners/llamacpp.py) on the same GGUF, cores and threads, under the same "
             "guard, alternating: each round one `llama-bench -r 1` (its own warm-up), then one "
             "repetition of ours. Medians (min-max) of the rounds; agree: the ranges overlap or "
-            f"the ratio is within ±{TOLERANCE:.0%}. Builds: {'; '.join(builds)}. Commands: "
+            f"the ratio is within ±{TOLERANCE:.0%}. Builds: {'; '.join(builds)}. Measured on: "
+            f"{'; '.join(where)}. Commands: "
             + "; ".join(f"`{c}`" for c in commands) + ".\n\n" + crosscheck_table(checks))
     plots = plot(shown, out)
     if plots:
