@@ -15,6 +15,8 @@ import sys
 
 from generated_block import ROOT, bench_records, cell, rewrite
 
+from edge_harness.report.render import noise_verdict
+
 PAGE = ROOT / "docs" / "analysis" / "decode.md"
 START, END = "<!-- ablation:start (tools/decode_ablation.py) -->", "<!-- ablation:end -->"
 MODEL = "qwen3-0.6b-random"
@@ -42,7 +44,8 @@ def _row(records: list[dict], run: str, options: dict, label: str) -> str:
     ref = next(r for r in tg if (r["engine"], r["quant"]) == ("llama.cpp", "q4_k_m"))
     dirty = " (dirty)" if ours.get("git_dirty") else ""
     return (f"| {label} | {cell(ours)} | {1000 / ours['median']:.1f} | {cell(ref)} | "
-            f"**{ours['median'] / ref['median']:.2f}x** | `{run}` {ours['git_commit'][:7]}{dirty} |")
+            f"**{ours['median'] / ref['median']:.2f}x** {noise_verdict(ours['samples'], ref['samples'])}"
+            f" | `{run}` {ours['git_commit'][:7]}{dirty} |")
 
 
 def block(records: list[dict]) -> str:

@@ -14,6 +14,8 @@ import sys
 
 from generated_block import ROOT, bench_records, cell, rewrite
 
+from edge_harness.report.render import noise_verdict
+
 START, END = "<!-- headline:start (tools/readme_headline.py) -->", "<!-- headline:end -->"
 MODELS = ("qwen3-0.6b-random", "spark-x2.5-1.7b-random")
 OURS, THEIRS = ("ours", "w4a16-head"), ("llama.cpp", "q4_k_m")
@@ -41,7 +43,8 @@ def table(run: list[dict], model: str) -> str:
     for test in ("tg128", "pp512"):
         a, b = by.get((OURS, test)), by.get((THEIRS, test))
         if a and b:
-            lines.append(f"| {test} | {cell(a)} | {cell(b)} | **{a['median'] / b['median']:.2f}x** |")
+            lines.append(f"| {test} | {cell(a)} | {cell(b)} | **{a['median'] / b['median']:.2f}x** "
+                         f"{noise_verdict(a['samples'], b['samples'])} |")
     tg = by.get((OURS, "tg128")), by.get((THEIRS, "tg128"))
     r = run[0]
     facts = [
@@ -49,7 +52,8 @@ def table(run: list[dict], model: str) -> str:
         f"{r['threads']} threads on cores {r['cores']}",
         f"- versions: {tg[0]['engine_version'] if tg[0] else ''}; {tg[1]['engine_version'] if tg[1] else ''}",
         f"- guard: {', '.join(sorted({x['guard'] for x in run}))}; medians of "
-        f"{len(r['samples'])} interleaved repetitions (min-max in brackets)",
+        f"{len(r['samples'])} interleaved repetitions (min-max in brackets); a ratio is faster "
+        "or slower only when the two ranges do not overlap, else within noise",
     ]
     if all(tg):
         facts.append(f"- decode streams {tg[0]['achieved_gbs']:.1f} / {tg[1]['achieved_gbs']:.1f} GB/s "

@@ -243,3 +243,12 @@ def test_records_that_are_not_tokens_per_second_leave_llama_bench_timings_empty(
     assert row["n_threads"] == 2 and row["samples"] == [20.0, 21.0]
     sql = PRINTERS["sql"]([ceiling, *bench_records()])
     assert "avg_ts REAL" in sql  # typed from the first row that has a value
+
+
+def test_a_ratio_is_faster_or_slower_only_when_the_ranges_do_not_overlap():
+    from edge_harness.report.render import noise_verdict
+
+    assert noise_verdict([10.0, 11.0, 12.0], [8.0, 9.0, 9.5]) == "faster"
+    assert noise_verdict([8.0, 9.0], [10.0, 12.0]) == "slower"
+    # a 1.2x ratio of medians whose ranges overlap is not a claim
+    assert noise_verdict([11.0, 12.0, 15.0], [9.0, 10.0, 11.5]) == "within noise"

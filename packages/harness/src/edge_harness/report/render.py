@@ -39,6 +39,16 @@ def fill_ceiling(records: list[Record]) -> None:
             r.extra["ceiling_from_report"] = True
 
 
+def noise_verdict(ours: list[float], theirs: list[float]) -> str:
+    """'faster' or 'slower' only when the min-max ranges of the repetitions do not overlap;
+    otherwise 'within noise', whatever the ratio of the medians says."""
+    if min(ours) > max(theirs):
+        return "faster"
+    if max(ours) < min(theirs):
+        return "slower"
+    return "within noise"
+
+
 def is_speed(r: Record) -> bool:
     return r.test.startswith(("pp", "tg"))
 
@@ -70,7 +80,8 @@ def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[
                     if a and b:
                         found = True
                         cells += [f"{a.median:.2f}", f"{b.median:.2f}",
-                                  f"**{a.median / b.median:.2f}x**"]
+                                  f"**{a.median / b.median:.2f}x** "
+                                  f"{noise_verdict(a.samples, b.samples)}"]
                     else:
                         cells += ["", "", ""]
                 if not found:
