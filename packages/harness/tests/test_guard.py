@@ -174,6 +174,28 @@ def test_bad_bench_input_is_a_one_line_error(args, message):
     assert len([line for line in out.stderr.splitlines() if "error" in line]) == 1
 
 
+@pytest.mark.parametrize("command", [["bench", "ceiling"], ["bench", "gemm"],
+                                     ["bench", "profile"], ["fidelity", "run"]])
+def test_a_dirty_tree_may_not_write_into_docs_results(tmp_path, command):
+    """Refused in one line before anything is measured, unless --allow-dirty."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("no git here")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(tmp_path)]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f").write_text("a")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    (tmp_path / "f").write_text("b")
+    results = tmp_path / "docs" / "results" / "out.jsonl"
+    out = cli(*command, "--results", str(results), timeout=120, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "uncommitted changes" in out.stderr and "--allow-dirty" in out.stderr, out.stderr
+    assert not results.exists()
+
+
 # -- the guard's arithmetic on synthetic counters (no load, no sleeping) ---------------------
 from edge_harness.isolation.guard import Sample  # noqa: E402
 

@@ -41,6 +41,24 @@ def git_dirty() -> bool | None:
     return bool(out.strip())
 
 
+def is_published(path: Path) -> bool:
+    """Whether `path` is a published results file: under a `docs/results` folder."""
+    parts = Path(path).resolve().parent.parts
+    return parts[-2:] == ("docs", "results")
+
+
+def require_clean(path: Path | None, allow_dirty: bool) -> Path | None:
+    """`path`, after refusing (one line, before anything is measured) to publish figures
+    measured on a dirty tree: such a figure is not reproducible from the commit it names.
+    `--allow-dirty` lets it through; the record then says git_dirty and its command says why."""
+    if path is not None and not allow_dirty and is_published(path) and git_dirty():
+        from edge_infer.errors import UsageError
+
+        raise UsageError(f"the git tree has uncommitted changes: commit them before writing "
+                         f"figures into {path}, or pass --allow-dirty (recorded)")
+    return path
+
+
 def context(threads: int | None = None) -> dict:
     return {
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from edge_infer.errors import UsageError
+from edge_infer.results import require_clean
 
 DEFAULT_RESULTS = Path("docs/results/bench.jsonl")
 DEFAULT_ENGINES = "ours:w4a16,llama.cpp:q4_k_m"
@@ -88,10 +89,22 @@ def _guard_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for another benchmark's lock before refusing")
 
 
+def _dirty_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="write records into docs/results from a tree with uncommitted changes "
+                   "(refused otherwise; the records say git_dirty)")
+
+
+def _out(args: argparse.Namespace) -> Path | None:
+    """The results file the command appends to, or None; a dirty tree may not publish."""
+    return require_clean(None if args.no_results else args.results, args.allow_dirty)
+
+
 def _results_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
                    help=f"JSONL file records are appended to (default {DEFAULT_RESULTS})")
     p.add_argument("--no-results", action="store_true", help="append no records")
+    _dirty_flag(p)
     p.add_argument("-o", "--output", choices=("md", "csv", "json", "jsonl", "sql"),
                    default="md", help="format of the results printed at the end (default md)")
 
@@ -139,6 +152,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
                    help=f"JSONL file records are appended to (default {DEFAULT_RESULTS})")
     x.add_argument("--no-results", action="store_true", help="append no records")
+    _dirty_flag(x)
     _guard_flags(x)
     x.set_defaults(func=cmd_crosscheck)
 
@@ -176,6 +190,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     pf.add_argument("--results", type=Path, default=DEFAULT_RESULTS.with_name("profile.jsonl"),
                     help="JSONL the record is appended to")
     pf.add_argument("--no-results", action="store_true", help="print only; write no record")
+    _dirty_flag(pf)
     _guard_flags(pf)
     pf.set_defaults(func=cmd_profile)
 
@@ -204,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         n_prompt=args.n_prompt, n_gen=args.n_gen, reps=args.repetitions,
         threads=args.threads or [None], cores=args.cores, schedule=args.schedule,
         seed=args.seed, ceiling=not args.no_ceiling,
-        results=None if args.no_results else args.results,
+        results=_out(args),
         force=args.force, threshold=args.threshold, window=args.window, wait=args.wait,
         lock_wait=args.lock_wait, command=command_line(),
     )
@@ -226,7 +241,7 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     plan = CrosscheckPlan(
         model=args.model, quant=args.quant, n_prompt=args.n_prompt, n_gen=args.n_gen,
         reps=args.repetitions, threads=args.threads, cores=args.cores, seed=args.seed,
-        results=None if args.no_results else args.results, force=args.force,
+        results=_out(args), force=args.force,
         threshold=args.threshold, window=args.window, wait=args.wait, lock_wait=args.lock_wait,
         command=command_line(),
     )
@@ -260,7 +275,7 @@ def cmd_ceiling(args: argparse.Namespace) -> int:
     from edge_harness.isolation.topology import choose_cores
 
     cores = choose_cores(args.cores, args.threads)
-    bench = Bench(Plan(models=[], engines=[], results=None if args.no_results else args.results,
+    bench = Bench(Plan(models=[], engines=[], results=_out(args),
                        command=command_line()))
     with bench_lock(args.lock_wait):
         guard = Guard(cores, args.threshold, args.window, args.force, args.wait)
@@ -289,7 +304,7 @@ def cmd_gemm(args: argparse.Namespace) -> int:
     from edge_harness.isolation.topology import choose_cores
 
     cores = choose_cores(args.cores, args.threads)
-    bench = Bench(Plan(models=[], engines=[], results=None if args.no_results else args.results,
+    bench = Bench(Plan(models=[], engines=[], results=_out(args),
                        command=command_line()))
     with bench_lock(args.lock_wait):
         guard = Guard(cores, args.threshold, args.window, args.force, args.wait)
@@ -319,7 +334,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     spec = parse_engine(args.engine)  # ENGINE:QUANT[@key=value,...], as bench run's -e
     profile.run(args.model, spec.engine, spec.quant, args.n_gen, args.cores, args.threads,
-                None if args.no_results else args.results, command_line(), args.lock_wait, say=say,
+                _out(args), command_line(), args.lock_wait, say=say,
                 options=dict(spec.options), batch=args.batch,
                 guard={"threshold": args.threshold, "window": args.window, "force": args.force,
                        "wait": args.wait})

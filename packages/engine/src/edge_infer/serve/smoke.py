@@ -26,7 +26,7 @@ from edge_infer import profiles
 from edge_infer.models.pull import pull
 from edge_infer.models.registry import DEFAULT_MODEL
 from edge_infer.prompts import GREEDY_PROMPTS, first_divergence
-from edge_infer.results import append, context
+from edge_infer.results import append, context, require_clean
 from edge_infer.serve.resolve import Resolved, default_build
 from edge_infer.serve.runtime import vllm_env
 
@@ -158,7 +158,10 @@ def main() -> None:
     p.add_argument("--modes", default="eager", help="comma list of eager,compiled")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--skip-greedy", action="store_true")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="append to docs/results from a tree with uncommitted changes")
     args = p.parse_args()
+    require_clean(args.out, args.allow_dirty)
     if not args.skip_greedy:
         rec = run_greedy(args.out, args.greedy_tokens)
         print(f"greedy W4A16 vs bf16: {rec['exact_matches']}/{rec['prompts']} exact "

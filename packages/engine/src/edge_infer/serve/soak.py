@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from edge_infer.models.registry import DEFAULT_MODEL
-from edge_infer.results import append, context
+from edge_infer.results import append, context, require_clean
 from edge_infer.serve import auth
 
 BAD_SHARE, CANCEL_SHARE = 0.05, 0.10
@@ -237,11 +237,14 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (0)")
     p.add_argument("--out", type=Path, default=Path("docs/results/soak.jsonl"),
                    help="JSONL file the record is appended to")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="append to docs/results from a tree with uncommitted changes")
     p.add_argument("--log", type=Path, default=Path("soak-serve.log"), help="the server's log")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for /health")
     args = p.parse_args()
     if not 0 < args.minutes <= 120 or not 1 <= args.clients <= 256:
         p.error("--minutes must be in (0, 120] and --clients in 1..256")
+    require_clean(args.out, args.allow_dirty)
     # provenance of the code that runs: taken now, not after minutes of load
     provenance = context(threads=len(os.sched_getaffinity(0)))
     key = secrets.token_urlsafe(24)

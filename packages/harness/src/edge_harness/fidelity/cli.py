@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from edge_infer.errors import UsageError
+from edge_infer.results import require_clean
 
 DEFAULT_RESULTS = Path("docs/results/fidelity.jsonl")
 DEFAULT_BUILDS = "ours:w4a16,llama.cpp:q4_k_m,llama.cpp:q4_0"
@@ -33,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
     r.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="JSONL the records are appended to")
     r.add_argument("--no-results", action="store_true", help="print only; write no record")
+    r.add_argument("--allow-dirty", action="store_true",
+                   help="write records into docs/results from a tree with uncommitted changes")
     r.set_defaults(func=cmd_run)
 
     rp = fsub.add_parser("report", help="render fidelity.md from the JSONL")
@@ -52,6 +55,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="relative agreement required for mean KL and same top (0.01)")
     x.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="JSONL the record is appended to")
     x.add_argument("--no-results", action="store_true", help="print only; write no record")
+    x.add_argument("--allow-dirty", action="store_true",
+                   help="write records into docs/results from a tree with uncommitted changes")
     x.set_defaults(func=cmd_crosscheck)
 
 
@@ -73,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         builds=[parse_engine(s) for s in _list(args.build or [DEFAULT_BUILDS])],
         corpora=_list([args.corpus]), chunks=args.chunks, n_ctx=args.ctx,
         prompts=args.prompts, n_gen=args.n_gen, cores=args.cores, threads=args.threads,
-        results=None if args.no_results else args.results,
+        results=require_clean(None if args.no_results else args.results, args.allow_dirty),
         command="edge-infer " + shlex.join(sys.argv[1:]),
     )
     FidelityRun(plan).run()
@@ -94,5 +99,5 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     from edge_harness.fidelity.perplexity_tool import crosscheck
 
     ok = crosscheck(args.model, args.build, args.corpus, args.chunks, args.ctx, args.tolerance,
-                    None if args.no_results else args.results)
+                    require_clean(None if args.no_results else args.results, args.allow_dirty))
     return 0 if ok else 1
