@@ -38,11 +38,13 @@ def test_llama_bench_json_refused(text, match):
         crosscheck.parse_llama_bench(text, threads=2)
 
 
-def test_verdict_agrees_on_overlap_or_within_ten_percent():
+def test_verdict_agrees_only_within_five_percent():
+    # overlapping ranges with medians 12% apart: not agreement
     overlap = crosscheck.compare([100.0, 130.0, 110.0], [125.0, 128.0, 127.0])
-    assert overlap["ranges_overlap"] and overlap["verdict"] == "agree"
-    close = crosscheck.compare([105.0, 106.0], [100.0, 101.0])
+    assert overlap["ranges_overlap"] and overlap["verdict"] == "disagree"
+    close = crosscheck.compare([104.0, 105.0], [100.0, 101.0])
     assert not close["ranges_overlap"] and close["verdict"] == "agree"
+    assert crosscheck.compare([90.0, 91.0], [100.0, 101.0])["verdict"] == "disagree"
     far = crosscheck.compare([80.0, 81.0], [100.0, 101.0])
     assert far["verdict"] == "disagree" and far["ratio"] == pytest.approx(80.5 / 100.5, abs=1e-4)
     assert far["ours"] == {"median": 80.5, "min": 80.0, "max": 81.0}

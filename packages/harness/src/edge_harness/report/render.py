@@ -188,8 +188,8 @@ def render(results: Path, out: Path) -> str:
             "The real llama-bench (built from the llama-cpp-python sdist our runner links) and "
             "our runner (runners/llamacpp.py) on the same GGUF, cores and threads, under the same "
             "guard, alternating: each round one `llama-bench -r 1` (its own warm-up), then one "
-            "repetition of ours. Medians (min-max) of the rounds; agree: the ranges overlap or "
-            f"the ratio is within ±{TOLERANCE:.0%}. Builds: {'; '.join(builds)}. Measured on: "
+            "repetition of ours. Medians (min-max) of the rounds; agree: the medians are within "
+            f"±{TOLERANCE:.0%}. Builds: {'; '.join(builds)}. Measured on: "
             f"{'; '.join(where)}. Commands: "
             + "; ".join(f"`{c}`" for c in commands) + ".\n\n" + crosscheck_table(checks))
     plots = plot(shown, out)
