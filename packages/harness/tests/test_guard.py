@@ -402,3 +402,16 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
         assert rec["guard_peak_load"] == pytest.approx(0.1, abs=1e-3), kind
     # every kind was watched while it was timed, not only checked before
     assert len(watched) == 1 + 2 + 1 + 1 + 1, watched
+
+
+def test_a_run_too_short_for_the_counters_is_judged_with_their_resolution():
+    """A 0.1 s tg8 reads 10 ticks per core: 2 ticks of counter skew (0.2 of a core) is not
+    load. The same foreign fraction over a 10 s run, or over a 0.5 s sub-window, is refused."""
+    from edge_harness.isolation.guard import Guard, Reading, tick_slack
+
+    guard = Guard([0], threshold=0.15)
+    short = Reading("during", 0.1, {0: 1.08}, 0.9, 0.18, 0.18)
+    assert tick_slack(0.1) == pytest.approx(0.2) and guard.quiet(short)
+    assert not guard.quiet(Reading("during", 10.0, {0: 1.08}, 0.9, 0.18, 0.18, peak_seconds=10.0))
+    burst = Reading("during", 10.0, {0: 1.0}, 0.9, 0.05, 0.6, peak_core=0, peak_seconds=0.5)
+    assert not guard.quiet(burst)

@@ -168,8 +168,8 @@ def test_ratios_never_span_two_runs():
     new = [rec("r2", "llama.cpp", "q4_k_m", 50.0), rec("r2", "ours", "w4a16-head", 20.0)]
     everything = old + new
     rows = {r[2]: r for r in ratio_rows(latest(everything), everything)}
-    assert rows["ours w4a16 / llama.cpp q4_k_m"][3:6] == ["10.00", "40.00", "**0.25x**"]
-    assert rows["ours w4a16-head / llama.cpp q4_k_m"][3:6] == ["20.00", "50.00", "**0.40x**"]
+    assert rows["ours w4a16 / llama.cpp q4_k_m"][3:6] == ["10.00", "40.00", "**0.25x** slower"]
+    assert rows["ours w4a16-head / llama.cpp q4_k_m"][3:6] == ["20.00", "50.00", "**0.40x** slower"]
     # without the pool, the old ours record has no partner in the newest records: no row
     assert "ours w4a16 / llama.cpp q4_k_m" not in {r[2] for r in ratio_rows(latest(everything))}
 

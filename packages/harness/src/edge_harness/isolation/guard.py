@@ -24,6 +24,7 @@ cores, with the same thread count and the same prefix-caching setting (`check_co
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,13 @@ DEFAULT_THRESHOLD = 0.15  # of one core; an idle desktop sits at 0.01-0.05
 DEFAULT_WINDOW = 1.0  # seconds of sampling before each measurement
 SUB_WINDOW = 0.5  # seconds per sample during a run; /proc/stat ticks are 10 ms, so 2% steps
 SETTLE = 0.25  # seconds between a measurement and the next idle check
+TICK = 1.0 / os.sysconf("SC_CLK_TCK")  # the resolution of /proc/stat and /proc/PID/stat
+
+
+def tick_slack(seconds: float) -> float:
+    """What the tick counters cannot resolve over `seconds`: one tick at each end of the
+    window, as a fraction of one core (0.04 over a 0.5 s sub-window, 0.002 over 10 s)."""
+    return 2 * TICK / max(seconds, 1e-6)
 
 
 class GuardRefused(EdgeInferError):
@@ -282,7 +290,12 @@ class Guard:
 
     # -- verdict -------------------------------------------------------------------------
     def quiet(self, reading: Reading) -> bool:
-        return reading.foreign <= self.threshold and reading.peak <= self.threshold
+        """Both numbers at or below the threshold, give or take what the counters can resolve
+        over their window (`tick_slack`): a 0.1 s tg8 reads 10 ticks per core, where one tick
+        read early or late at either end is already 0.2 of a core."""
+        peak_seconds = reading.peak_seconds or reading.seconds
+        return (reading.foreign <= self.threshold + tick_slack(reading.seconds)
+                and reading.peak <= self.threshold + tick_slack(peak_seconds))
 
     def judge(self, reading: Reading, what: str) -> str:
         if self.quiet(reading):
