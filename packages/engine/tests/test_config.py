@@ -35,6 +35,24 @@ def test_shipped_profile_loads():
     assert p.serve.enforce_eager is True
 
 
+def test_profile_quant_is_the_scheme_config():
+    """A profile's [quant] is a W4Config itself, so its defaults and checks are the config's."""
+    assert profiles.load("smollm2-135m").quant == W4Config(group_size=64)
+    assert profiles.Profile().quant == W4Config()
+
+
+def test_quantize_flags_default_to_the_config():
+    import argparse
+
+    from edge_infer.quant import cli
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli.add_parser(sub)
+    args = sub.choices["quantize"].parse_args(["in", "out"])
+    assert W4Config(scheme=args.scheme, group_size=args.group, zero_point=args.zero_point,
+                    scale_dtype=args.scale_dtype, quantize_lm_head=args.quantize_lm_head) == W4Config()
+
+
 def test_unknown_model_gets_generic_profile():
     assert profiles.load("no-such-model") == profiles.Profile()
 
@@ -47,6 +65,7 @@ def test_unknown_model_gets_generic_profile():
         ("[sevre]\n", "unknown profile table [sevre]"),
         ("[threads]\ncores = [0, -1]\n", "threads.cores"),
         ("[quant]\ngroup_size = 100\n", "[quant]: group size 100"),
+        ("[quant]\nmodules_to_not_convert = []\n", "unknown profile key quant.modules_to_not_convert"),
         ("[serve\n", "not valid TOML"),
     ],
 )

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 
 from edge_infer.kernels import ext
 from edge_infer.kernels.cpu import cpu_flags, isa_level
+from edge_infer.quant.config import SCHEMES
 from edge_infer.quant.primitives import dequantize_w4
 
 log = logging.getLogger(__name__)
 FORCE_ENV = "EDGE_INFER_W4_KERNEL"
-SCHEMES = ("w4a16", "w4a8")
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -8,19 +8,23 @@ from pathlib import Path
 
 from edge_infer.errors import UsageError
 from edge_infer.models.registry import REGISTRY
-from edge_infer.quant.config import GROUPS, SCHEMES, W4Config
+from edge_infer.quant.config import GROUPS, SCALE_DTYPES, SCHEMES, W4Config
+
+DEFAULT = W4Config()  # the flags' defaults are the config's
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("quantize", help="write a 4-bit edge_w4 checkpoint from a bf16 HF folder")
     p.add_argument("model_dir", metavar="MODEL_DIR", help="HF folder, or a name from `models list`")
     p.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder the 4-bit checkpoint is written to")
-    p.add_argument("--scheme", choices=SCHEMES, default="w4a16",
-                   help="w4a16: 16-bit activations; w4a8: int8 activations per token and group")
-    p.add_argument("--group", type=int, choices=GROUPS, default=128, help="weights per scale (128)")
+    p.add_argument("--scheme", choices=SCHEMES, default=DEFAULT.scheme,
+                   help="w4a16: 16-bit activations; w4a8: int8 activations per token and group "
+                   f"(default {DEFAULT.scheme})")
+    p.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT.group_size,
+                   help=f"weights per scale (default {DEFAULT.group_size})")
     p.add_argument("--zero-point", action="store_true", help="asymmetric: uint4 codes + zero")
-    p.add_argument("--scale-dtype", choices=("fp16", "bf16"), default="bf16",
-                   help="dtype of the stored scales")
+    p.add_argument("--scale-dtype", choices=SCALE_DTYPES, default=DEFAULT.scale_dtype,
+                   help=f"dtype of the stored scales (default {DEFAULT.scale_dtype})")
     p.add_argument("--quantize-lm-head", action="store_true",
                    help="also 4-bit the LM head and embedding table (tied or not)")
     p.add_argument("--overwrite", action="store_true",

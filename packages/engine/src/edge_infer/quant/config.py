@@ -10,12 +10,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 QUANT_METHOD = "edge_w4"
+# The one list of our schemes and group sizes: the CLI's choices, the kernels' `schemes`, the
+# profiles' [quant] table and the harness's build names all read these.
 SCHEMES = ("w4a16", "w4a8")  # same stored codes; w4a8 also rounds activations to int8
 GROUPS = (32, 64, 128)
+SCALE_DTYPES = ("fp16", "bf16")
 
 
 @dataclass(frozen=True)
 class W4Config:
+    """One 4-bit build. Its field defaults are the defaults everywhere: `edge-infer quantize`'s
+    flags and a profile's [quant] table read them from here."""
+
     scheme: str = "w4a16"
     group_size: int = 128
     zero_point: bool = False
@@ -29,8 +35,13 @@ class W4Config:
             raise ValueError(f"scheme {self.scheme!r} unknown; choose one of {SCHEMES}")
         if self.group_size not in GROUPS:
             raise ValueError(f"group size {self.group_size} unsupported; choose one of {GROUPS}")
-        if self.scale_dtype not in ("fp16", "bf16"):
-            raise ValueError(f"scale dtype {self.scale_dtype!r}: choose fp16 or bf16")
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise ValueError(f"scale dtype {self.scale_dtype!r}: choose {' or '.join(SCALE_DTYPES)}")
+
+    def to_config(self) -> W4Config:
+        """This config. A profile's [quant] table was once its own class with this method; the
+        harness's runners still call it. Remove once they read `profile.quant` directly."""
+        return self
 
     def bits_per_weight(self, n: int, k: int) -> float:
         """Storage bits per weight of one [n, k] linear: codes + scales (+ zero points)."""

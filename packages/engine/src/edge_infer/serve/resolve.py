@@ -22,7 +22,7 @@ class Resolved:
 
 def default_build(name: str, profile: profiles.Profile) -> Path:
     """The profile's default 4-bit build of a registry model, built once and cached."""
-    cfg = profile.quant.to_config()
+    cfg = profile.quant
     zp = "-zp" if cfg.zero_point else ""
     head = "-head" if cfg.quantize_lm_head else ""
     out = home() / "checkpoints" / f"{name}-{cfg.scheme}-g{cfg.group_size}{zp}{head}"
