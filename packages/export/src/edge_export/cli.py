@@ -11,15 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-TARGET_HELP = {
-    "xnnpack-fp32": "ExecuTorch .pte, XNNPACK, fp32",
-    "xnnpack-8da4w": "ExecuTorch .pte, XNNPACK, int8 dynamic activations x int4 grouped weights",
-    "xnnpack-8da8w": "ExecuTorch .pte, XNNPACK, int8 dynamic activations x int8 weights",
-    "qnn-w8a16": "QnnQuantizer 8-bit weights / 16-bit activations (simulated; lowered with SDK)",
-    "qnn-w8a8": "QnnQuantizer 8-bit weights / 8-bit activations",
-    "qnn-w4a16": "QnnQuantizer 4-bit weights / 16-bit activations",
-    "aihub": "compile + inference (profile) jobs on a device through Qualcomm AI Hub",
-}
+from edge_export.targets import GROUP_SIZE, TARGETS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,11 +20,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="export a model to ExecuTorch/XNNPACK, QNN or AI Hub, scored by SQNR",
         description="Export MODEL (a HF folder or a name from `edge-infer models list`) to one "
         "target and score its logits by SQNR against the float eager model. Targets: "
-        + "; ".join(f"{k}: {v}" for k, v in TARGET_HELP.items()),
+        + "; ".join(f"{name}: {t.help}" for name, t in TARGETS.items()),
     )
     p.add_argument("model", metavar="MODEL", help="folder or model name (see `models list`)")
-    p.add_argument("--target", required=True, choices=sorted(TARGET_HELP), metavar="T",
-                   help=", ".join(TARGET_HELP))
+    p.add_argument("--target", required=True, choices=sorted(TARGETS), metavar="T",
+                   help=", ".join(TARGETS))
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder the export is written to")
     p.add_argument("--unit", choices=("decoder", "block"), default="decoder",
                    help="the whole decoder, or its first transformer block (the quick unit)")
@@ -45,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="windows of CONTEXT tokens scored (default 4)")
     p.add_argument("--chunk", type=int, default=32, help="tokens per graph call (default 32)")
     p.add_argument("--context", type=int, default=128, help="static KV window (default 128)")
-    p.add_argument("--group-size", type=int, default=32, help="8da4w weight group (default 32)")
+    p.add_argument("--group-size", type=int, default=GROUP_SIZE,
+                   help=f"8da4w weight group (default {GROUP_SIZE})")
     p.add_argument("--soc", default="SM8650", help="QNN lowering SoC (default SM8650)")
     p.add_argument("--require-sdk", action="store_true",
                    help="qnn-*: fail at once unless the QNN SDK (libQnnHtp.so) is found")

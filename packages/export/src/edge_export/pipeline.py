@@ -28,7 +28,7 @@ from edge_export.decoder import (
     window_tokens,
 )
 from edge_export.sqnr import sqnr_db
-from edge_export.targets import SQNR_TARGETS, TARGETS, preflight
+from edge_export.targets import GROUP_SIZE, SQNR_TARGETS, TARGETS, Target, preflight
 from edge_infer.corpus import OTHER, token_windows
 from edge_infer.errors import EdgeInferError, UsageError
 
@@ -45,7 +45,7 @@ class Request:
     calibration_corpus: str = "lee"
     eval_sequences: int = 4
     shape: StaticShape = field(default_factory=StaticShape)
-    group_size: int = 32
+    group_size: int = GROUP_SIZE
     soc: str = "SM8650"
     require_sdk: bool = False
     device: str | None = None
@@ -117,6 +117,7 @@ class Job:
     model: torch.nn.Module  # the unit in float, eager
     prefix: SinkPrefix | None
     length: int  # tokens per scored/calibration window
+    client: object | None = None  # the AI Hub client preflight returned (aihub target)
 
     def windows(self, corpus: str, count: int, seed: int) -> list[torch.Tensor]:
         return token_windows(corpus, count, self.length, tokenizer=self.loaded.tokenizer,
@@ -162,7 +163,7 @@ def run(req: Request, client=_CHECK) -> dict:
     if req.sink_prefix:
         bos = loaded.hf.config.bos_token_id
         prefix = sink_prefix(model, 0 if bos is None else int(bos))
-    job = Job(req, loaded, model, prefix, window_tokens(req.shape, prefix))
+    job = Job(req, loaded, model, prefix, window_tokens(req.shape, prefix), client)
     eval_windows = job.windows(req.eval_corpus, req.eval_sequences, seed=1)
     ref = job.reference(eval_windows)
     record = {
@@ -189,12 +190,7 @@ def run(req: Request, client=_CHECK) -> dict:
         wrapper = job.score(lambda a: model(*a), eval_windows, ref)
         record["wrapper_sqnr_db"] = wrapper  # the static wrapper in fp32 eager vs HF
         log.info("static decoder (fp32 eager) vs HF: %.1f dB", wrapper)
-    if target.backend == "xnnpack":
-        _xnnpack(job, target, eval_windows, ref, record)
-    elif target.backend == "qnn":
-        _qnn(job, target, eval_windows, ref, record)
-    else:
-        _aihub(job, client, eval_windows, ref, record)
+    target.exporter()(job, target, eval_windows, ref, record)
     calibrated = bool(record["calibration"] and record["calibration"]["samples"])
     goal = SQNR_TARGETS.get((req.target, calibrated))
     if goal is not None and req.unit == "decoder":
@@ -211,7 +207,11 @@ def _artifact_name(job: Job, record: dict, suffix: str, tag: str = "") -> str:
     return "-".join(p for p in parts if p) + suffix
 
 
-def _xnnpack(job: Job, target, eval_windows, ref, record) -> None:
+# The targets' exporters (targets.Target.export names them): each quantizes, lowers and scores
+# one job, filling `record`.
+
+
+def export_xnnpack(job: Job, target: Target, eval_windows, ref, record) -> None:
     from edge_export.xnnpack.lower import PteRunner, quantize_in_place, to_pte
 
     req, model = job.req, job.model
@@ -243,7 +243,7 @@ def _calibration(job: Job, record: dict) -> list[torch.Tensor]:
     return windows
 
 
-def _qnn(job: Job, target, eval_windows, ref, record) -> None:
+def export_qnn(job: Job, target: Target, eval_windows, ref, record) -> None:
     from edge_export.qnn import quantize as qnn
     from edge_export.qnn.sdk import find_sdk
 
@@ -281,7 +281,7 @@ def _qnn(job: Job, target, eval_windows, ref, record) -> None:
     record["export_s"] = record["calibrate_s"] + (time.perf_counter() - t2)
 
 
-def _aihub(job: Job, client, eval_windows, ref, record) -> None:
+def export_aihub(job: Job, target: Target, eval_windows, ref, record) -> None:
     from edge_export.aihub import jobs
     from edge_export.aihub.client import read_config
 
@@ -311,7 +311,7 @@ def _aihub(job: Job, client, eval_windows, ref, record) -> None:
     device = req.device or jobs.DEFAULT_DEVICE
     config = read_config()
     try:
-        result = jobs.run_on_device(client, pt2, device, inputs, req.out, options=options,
+        result = jobs.run_on_device(job.client, pt2, device, inputs, req.out, options=options,
                                     calibration=calibration_data,
                                     name=f"{record['model']} export")
     except EdgeInferError as exc:

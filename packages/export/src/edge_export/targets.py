@@ -6,28 +6,47 @@ missing credential or SDK is reported in well under a second.
 
 from __future__ import annotations
 
+import importlib
 import logging
 from dataclasses import dataclass
 
 from edge_infer.errors import EdgeInferError, UsageError
 
 log = logging.getLogger("edge_export")
+# 8da4w's weights per scale (torchao PerGroup) unless --group-size says otherwise.
+GROUP_SIZE = 32
 
 
 @dataclass(frozen=True)
 class Target:
     backend: str  # xnnpack | qnn | aihub
     scheme: str
+    help: str  # one line of `edge-infer export --help`
+    # "module:function" that quantizes, lowers and scores one job for this target; imported only
+    # when the target runs (it pulls in torch and the backend's toolchain)
+    export: str
+
+    def exporter(self):
+        module, _, name = self.export.partition(":")
+        return getattr(importlib.import_module(module), name)
 
 
+_XNNPACK = "edge_export.pipeline:export_xnnpack"
+_QNN = "edge_export.pipeline:export_qnn"
+_AIHUB = "edge_export.pipeline:export_aihub"
+# Adding a target is one entry here: the CLI's choices and help, and the pipeline, read it.
 TARGETS = {
-    "xnnpack-fp32": Target("xnnpack", "fp32"),
-    "xnnpack-8da4w": Target("xnnpack", "8da4w"),
-    "xnnpack-8da8w": Target("xnnpack", "8da8w"),
-    "qnn-w8a16": Target("qnn", "w8a16"),
-    "qnn-w8a8": Target("qnn", "w8a8"),
-    "qnn-w4a16": Target("qnn", "w4a16"),
-    "aihub": Target("aihub", "hub"),
+    "xnnpack-fp32": Target("xnnpack", "fp32", "ExecuTorch .pte, XNNPACK, fp32", _XNNPACK),
+    "xnnpack-8da4w": Target("xnnpack", "8da4w", "ExecuTorch .pte, XNNPACK, int8 dynamic "
+                            "activations x int4 grouped weights", _XNNPACK),
+    "xnnpack-8da8w": Target("xnnpack", "8da8w", "ExecuTorch .pte, XNNPACK, int8 dynamic "
+                            "activations x int8 weights", _XNNPACK),
+    "qnn-w8a16": Target("qnn", "w8a16", "QnnQuantizer 8-bit weights / 16-bit activations "
+                        "(simulated; lowered with SDK)", _QNN),
+    "qnn-w8a8": Target("qnn", "w8a8", "QnnQuantizer 8-bit weights / 8-bit activations", _QNN),
+    "qnn-w4a16": Target("qnn", "w4a16", "QnnQuantizer 4-bit weights / 16-bit activations", _QNN),
+    "aihub": Target("aihub", "hub", "compile + inference (profile) jobs on a device through "
+                    "Qualcomm AI Hub", _AIHUB),
 }
 # Recorded next to the result, never asserted (issue 8): (target, calibrated) -> dB.
 SQNR_TARGETS = {("xnnpack-fp32", False): 100.0, ("qnn-w8a16", True): 30.0}

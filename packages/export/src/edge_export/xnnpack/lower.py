@@ -18,7 +18,7 @@ from torch import nn
 SCHEMES = ("fp32", "8da4w", "8da8w")
 
 
-def quantize_in_place(model: nn.Module, scheme: str, group_size: int = 32) -> None:
+def quantize_in_place(model: nn.Module, scheme: str, group_size: int) -> None:
     if scheme == "fp32":
         return
     from torchao.quantization import quantize_

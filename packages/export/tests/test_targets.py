@@ -1,0 +1,26 @@
+"""Each target is one entry of targets.TARGETS: the CLI and the pipeline read it from there."""
+
+import inspect
+
+from edge_export.targets import TARGETS
+from edge_infer.cli import build_parser
+
+
+def test_every_target_names_an_exporter_with_the_pipelines_signature():
+    for name, target in TARGETS.items():
+        export = target.exporter()
+        assert callable(export), name
+        params = list(inspect.signature(export).parameters)
+        assert params == ["job", "target", "eval_windows", "ref", "record"], (name, params)
+
+
+def test_export_help_is_the_targets_own(capsys):
+    parser = build_parser()
+    export = parser._subparsers._group_actions[0].choices["export"]
+    text = export.format_help()
+    for name, target in TARGETS.items():
+        assert name in text
+        # argparse rewraps the description: compare words, not lines
+        assert " ".join(target.help.split()) in " ".join(text.split()), name
+    target_flag = next(a for a in export._actions if a.dest == "target")
+    assert sorted(target_flag.choices) == sorted(TARGETS)
