@@ -21,7 +21,7 @@ def entry(**kw):
 
 def test_llama_bench_json_is_split_into_pp_and_tg():
     text = json.dumps([entry(), entry(n_prompt=0, n_gen=8, avg_ts=20.0, samples_ts=[20.0])])
-    out = crosscheck.parse_llama_bench(text, threads=2)
+    out = llama_tools.parse_llama_bench(text, threads=2)
     assert out["pp"]["avg_ts"] == 100.0 and out["tg"]["avg_ts"] == 20.0
     assert out["tg"]["build_commit"] == "abc1234"
 
@@ -35,7 +35,7 @@ def test_llama_bench_json_is_split_into_pp_and_tg():
 ])
 def test_llama_bench_json_refused(text, match):
     with pytest.raises(EdgeInferError, match=match):
-        crosscheck.parse_llama_bench(text, threads=2)
+        llama_tools.parse_llama_bench(text, threads=2)
 
 
 def test_verdict_agrees_only_within_five_percent():
@@ -78,3 +78,48 @@ def test_a_tools_folder_without_llama_bench_is_built_again(tmp_path, monkeypatch
     assert built == [root]  # once: the second call finds both
     with pytest.raises(ValueError, match="not one of"):
         llama_tools.tool_path("llama-cli")
+
+
+def fake_tool(tmp_path, body: str):
+    tool = tmp_path / "bin" / "llama-bench"
+    tool.parent.mkdir(parents=True, exist_ok=True)
+    tool.write_text("#!/bin/sh\n" + body)
+    tool.chmod(0o755)
+    return tool
+
+
+def test_tool_version_reads_the_build_commit(tmp_path):
+    tool = fake_tool(tmp_path, 'echo "version: 0.5.0-dev (build 7, commit 0c1e570)" >&2\n'
+                               'echo "built with GNU 12.2.0 for Linux x86_64" >&2\n')
+    v = llama_tools.tool_version(tool)
+    assert v == {"version": "0.5.0-dev", "build_number": "7", "build_commit": "0c1e570",
+                 "compiler": "GNU 12.2.0 for Linux x86_64"}
+    with pytest.raises(EdgeInferError, match="no build commit"):
+        llama_tools.tool_version(fake_tool(tmp_path, "echo oops\n"))
+
+
+def test_llama_bench_runner_times_one_invocation_per_repetition(tmp_path, monkeypatch):
+    """The runner passes -p/-n/-t/-r 1 and returns llama-bench's own sample, not its wall time
+    (which includes the model load and the warm-up)."""
+    from edge_harness.runners import get_runner, llama_bench
+    from edge_harness.runners.base import Build
+
+    args = tmp_path / "args"
+    pp, tg = entry(n_prompt=64, samples_ns=[250_000_000]), entry(n_prompt=0, n_gen=16,
+                                                                 samples_ns=[400_000_000])
+    tool = fake_tool(tmp_path, f"""case "$1" in --version)
+  echo "version: 1 (build 2, commit abc1234)"; echo "built with cc"; exit 0;; esac
+echo "$@" >> {args}
+case "$*" in *"-p 64 -n 0"*) echo '{json.dumps([pp])}';; *) echo '{json.dumps([tg])}';; esac
+""")
+    monkeypatch.setattr(llama_bench, "tool_path", lambda name: tool)
+    runner = get_runner("llama-bench")()
+    facts = runner.load(Build("llama-bench", "m", "q4_k_m", "m.gguf", 4.5, 1, 100), 2, 128)
+    assert facts["build_commit"] == "abc1234" and facts["threads"] == 2
+    assert runner.pp(64, seed=0) == pytest.approx(0.25)
+    assert runner.last_extra["n_prompt"] == 64
+    assert runner.tg(16, seed=0) == pytest.approx(0.4)
+    assert args.read_text().splitlines() == [
+        "-m m.gguf -p 64 -n 0 -r 1 -t 2 -o json", "-m m.gguf -p 0 -n 16 -r 1 -t 2 -o json"]
+    with pytest.raises(RuntimeError, match="no pp32 result"):
+        runner.pp(32, seed=0)

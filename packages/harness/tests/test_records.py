@@ -174,6 +174,20 @@ def test_ratios_never_span_two_runs():
     assert "ours w4a16 / llama.cpp q4_k_m" not in {r[2] for r in ratio_rows(latest(everything))}
 
 
+
+def test_a_run_with_llama_bench_pairs_ours_with_llama_bench_not_our_runner():
+    from edge_harness.report.render import latest, ratio_rows
+
+    def rec(engine, quant, tok_s):
+        return Record(engine=engine, engine_version="v", model="m", quant=quant, test="tg128",
+                      samples=[tok_s], threads=2, run_id="r1")
+
+    run = [rec("ours", "w4a16", 30.0), rec("llama.cpp", "q4_k_m", 40.0),
+           rec("llama-bench", "q4_k_m", 60.0)]
+    rows = {r[2]: r for r in ratio_rows(latest(run), run)}
+    assert list(rows) == ["ours w4a16 / llama-bench q4_k_m"]
+    assert rows["ours w4a16 / llama-bench q4_k_m"][3:6] == ["30.00", "60.00", "**0.50x** slower"]
+
 # -- llama-bench's output schema ----------------------------------------------------------------
 # The JSON example of llama.cpp's tools/llama-bench/README.md (build 5163, pp512 and tg128).
 LLAMA_BENCH_JSON = Path(__file__).parent / "data" / "llama_bench_b5163.json"

@@ -17,14 +17,14 @@ verdict is recorded, not asserted: it is a benchmark, not a test.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_harness.bench.llama_tools import tool_env, tool_path
+from edge_harness.bench.llama_tools import LLAMA_BENCH as TOOL
+from edge_harness.bench.llama_tools import parse_llama_bench, tool_env, tool_path
 from edge_harness.bench.run import Bench, Plan, resolve_model, say
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.guard import Guard, Verdict
@@ -34,12 +34,7 @@ from edge_harness.runners.llamacpp import LlamaCppRunner
 from edge_infer.errors import EdgeInferError, UsageError
 
 KIND = "llama_bench_crosscheck"
-TOOL = "llama-bench"
 TOLERANCE = 0.05  # medians within ±5%
-# What a record keeps of each llama-bench JSON entry (the rest is the tool's echo of defaults).
-KEEP = ("build_commit", "build_number", "cpu_info", "backends", "model_filename", "model_type",
-        "model_size", "n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn",
-        "use_mmap", "n_prompt", "n_gen", "avg_ts", "stddev_ts", "samples_ts", "samples_ns")
 
 
 @dataclass
@@ -63,31 +58,6 @@ class CrosscheckPlan:
     @property
     def tests(self) -> list[tuple[str, int]]:
         return [(t, n) for t, n in (("pp", self.n_prompt), ("tg", self.n_gen)) if n > 0]
-
-
-def parse_llama_bench(text: str, threads: int) -> dict[str, dict]:
-    """llama-bench's `-o json` output as {"pp": entry, "tg": entry} (entries trimmed to KEEP);
-    refuses output that is not one pp and/or one tg test at `threads` threads."""
-    try:
-        entries = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise EdgeInferError(f"{TOOL} -o json printed no JSON ({exc}); it printed:\n"
-                             + "\n".join(text.strip().splitlines()[-10:])) from None
-    out: dict[str, dict] = {}
-    for e in entries if isinstance(entries, list) else []:
-        test = "pp" if e.get("n_prompt", 0) > 0 and e.get("n_gen", 0) == 0 else (
-            "tg" if e.get("n_gen", 0) > 0 and e.get("n_prompt", 0) == 0 else None)
-        if test is None or test in out:
-            raise EdgeInferError(f"{TOOL}: unexpected test n_prompt={e.get('n_prompt')} "
-                                 f"n_gen={e.get('n_gen')} in its JSON")
-        if e.get("n_threads") != threads:
-            raise EdgeInferError(f"{TOOL} ran {e.get('n_threads')} threads, asked for {threads}")
-        if not (isinstance(e.get("avg_ts"), (int, float)) and e["avg_ts"] > 0):
-            raise EdgeInferError(f"{TOOL}: {test} has no positive avg_ts: {e.get('avg_ts')!r}")
-        out[test] = {k: e[k] for k in KEEP if k in e}
-    if not out:
-        raise EdgeInferError(f"{TOOL} -o json listed no pp or tg test: {text[:200]!r}")
-    return out
 
 
 def run_llama_bench(binary: Path, gguf: str, plan: CrosscheckPlan, cores: list[int],

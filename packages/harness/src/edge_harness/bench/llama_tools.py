@@ -8,7 +8,9 @@ that tool was added) is built again.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +22,12 @@ from filelock import FileLock
 from edge_harness.bench import gguf_build
 from edge_infer.errors import EdgeInferError
 
-TOOLS = ("llama-perplexity", "llama-bench")
+LLAMA_BENCH = "llama-bench"
+TOOLS = ("llama-perplexity", LLAMA_BENCH)
+# What a record keeps of each llama-bench JSON entry (the rest is the tool's echo of defaults).
+KEEP = ("build_commit", "build_number", "cpu_info", "backends", "model_filename", "model_type",
+        "model_size", "n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn",
+        "use_mmap", "n_prompt", "n_gen", "avg_ts", "stddev_ts", "samples_ts", "samples_ns")
 # The build runs without pip's build isolation, on these tools alone (see the file).
 BUILD_REQUIREMENTS = Path(__file__).with_name("llama_build.txt")
 CMAKE_ARGS = "-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
@@ -92,3 +99,43 @@ def tool_env(binary: Path) -> dict[str, str]:
     """The environment a tool runs in: the shared libraries built with it come first."""
     return {**os.environ,
             "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+
+
+def parse_llama_bench(text: str, threads: int) -> dict[str, dict]:
+    """llama-bench's `-o json` output as {"pp": entry, "tg": entry} (entries trimmed to KEEP);
+    refuses output that is not one pp and/or one tg test at `threads` threads."""
+    try:
+        entries = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise EdgeInferError(f"{LLAMA_BENCH} -o json printed no JSON ({exc}); it printed:\n"
+                             + "\n".join(text.strip().splitlines()[-10:])) from None
+    out: dict[str, dict] = {}
+    for e in entries if isinstance(entries, list) else []:
+        test = "pp" if e.get("n_prompt", 0) > 0 and e.get("n_gen", 0) == 0 else (
+            "tg" if e.get("n_gen", 0) > 0 and e.get("n_prompt", 0) == 0 else None)
+        if test is None or test in out:
+            raise EdgeInferError(f"{LLAMA_BENCH}: unexpected test n_prompt={e.get('n_prompt')} "
+                                 f"n_gen={e.get('n_gen')} in its JSON")
+        if e.get("n_threads") != threads:
+            raise EdgeInferError(f"{LLAMA_BENCH} ran {e.get('n_threads')} threads, asked for {threads}")
+        if not (isinstance(e.get("avg_ts"), (int, float)) and e["avg_ts"] > 0):
+            raise EdgeInferError(f"{LLAMA_BENCH}: {test} has no positive avg_ts: {e.get('avg_ts')!r}")
+        out[test] = {k: e[k] for k in KEEP if k in e}
+    if not out:
+        raise EdgeInferError(f"{LLAMA_BENCH} -o json listed no pp or tg test: {text[:200]!r}")
+    return out
+
+
+def tool_version(binary: Path) -> dict[str, str]:
+    """`TOOL --version` as {"version", "build_number", "build_commit", "compiler"}: e.g.
+    "version: 0.5.0-dev (build 1, commit 0c1e570)" / "built with GNU 12.2.0 for Linux x86_64"."""
+    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
+                          env=tool_env(binary))
+    text = (proc.stdout + proc.stderr).strip()
+    match = re.search(r"version: (\S+) \(build (\d+), commit (\w+)\)", text)
+    if proc.returncode != 0 or match is None:
+        raise EdgeInferError(f"{binary.name} --version printed no build commit "
+                             f"(exit {proc.returncode}): {text[:200]!r}")
+    built = next((ln.strip() for ln in text.splitlines() if ln.startswith("built with")), "")
+    return {"version": match[1], "build_number": match[2], "build_commit": match[3],
+            "compiler": built.removeprefix("built with ")}

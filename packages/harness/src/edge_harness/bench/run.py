@@ -252,6 +252,7 @@ class Bench:
         samples = {b.label: [] for b, _ in pairs}
         seconds = {b.label: [] for b, _ in pairs}
         walls = {b.label: [] for b, _ in pairs}
+        per_rep = {b.label: [] for b, _ in pairs}  # what a runner reports of each repetition
         verdicts = {b.label: guard.verdict() for b, _ in pairs}
         for rep in range(p.reps):
             for b, w in pairs:  # A B A B: every engine once per round
@@ -265,6 +266,8 @@ class Bench:
                 samples[b.label].append(n / secs)
                 if reply.get("wall") is not None:
                     walls[b.label].append(reply["wall"])
+                if reply.get("extra") is not None:
+                    per_rep[b.label].append(reply["extra"])
                 flag = "" if verdicts[b.label].status == "ok" else " [guard overridden]"
                 progress.step(f"{model.name} {b.label} {name} rep {rep + 1}/{p.reps}: "
                               f"{n / secs:.2f} tok/s{flag}")
@@ -279,7 +282,8 @@ class Bench:
                 weight_bytes_per_token=b.weight_bytes_per_token,
                 extra={"seconds": seconds[label], "facts": reported[label],
                        "schedule": p.schedule, "options": b.options,
-                       **({"wall_seconds": walls[label]} if walls[label] else {})},
+                       **({"wall_seconds": walls[label]} if walls[label] else {}),
+                       **({"repetitions": per_rep[label]} if per_rep[label] else {})},
             )
             if test == "tg":
                 rec.achieved_gbs = round(b.weight_bytes_per_token * rec.median / 1e9, 3)

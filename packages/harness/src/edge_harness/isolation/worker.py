@@ -57,7 +57,8 @@ def main() -> int:
                 reply = {"facts": facts}
             elif cmd in ("pp", "tg"):
                 seconds = getattr(runner, cmd)(req["n"], req["seed"])
-                reply = {"seconds": seconds, "wall": getattr(runner, "last_wall", None)}
+                reply = {"seconds": seconds, "wall": getattr(runner, "last_wall", None),
+                         "extra": getattr(runner, "last_extra", None)}
             elif cmd == "profile":  # per-op split of decode steps on the loaded build
                 if not hasattr(runner, "profile"):
                     raise ValueError(f"engine {req.get('engine', '?')} has no op profiler")

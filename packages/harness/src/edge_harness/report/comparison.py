@@ -15,7 +15,7 @@ from pathlib import Path
 
 from edge_harness.record import read_records
 from edge_harness.report.printers import md_table
-from edge_harness.report.render import fill_ceiling, is_speed, latest, ratio_table
+from edge_harness.report.render import REFERENCE, fill_ceiling, is_speed, latest, ratio_table
 
 NOT_ESTABLISHED = """## What the comparisons do not establish
 
@@ -58,7 +58,7 @@ def speed_section(results: Path) -> str:
         return "## Speed\n\n(no pp/tg records)\n"
     cpus = sorted({f"{r.cpu_model}, {r.isa} ({' '.join(r.cpu_flags)})" for r in speed})
     threads = sorted({r.threads for r in speed})
-    versions = sorted({r.engine_version.split(" (")[0] for r in speed if r.engine in ("ours", "llama.cpp")})
+    versions = sorted({r.engine_version.split(" (")[0] for r in speed if r.engine in ("ours", *REFERENCE)})
     commands = list(dict.fromkeys(r.command for r in speed if r.command))
     reps = sorted({len(r.samples) for r in speed})
     guard = sorted({r.guard for r in speed})
@@ -69,7 +69,9 @@ def speed_section(results: Path) -> str:
              f"Versions: {'; '.join(versions)}.", "",
              "Commands: " + "; ".join(f"`{c}`" for c in commands), "",
              "Each ratio pairs the newest record of ours with llama.cpp's record from the same "
-             "run (interleaved, same machine state); a pair never spans two runs.", "",
+             "run (interleaved, same machine state); a pair never spans two runs. llama.cpp is "
+             "timed by llama-bench itself where the run did so (engine llama-bench), else by our "
+             "llama.cpp runner.", "",
              ratio_table(shown, everything), "",
              "Decode against the streaming-read ceiling (achieved GB/s = bytes of weights read per "
              "token x tok/s):", ""]

@@ -20,6 +20,9 @@ from edge_harness.report.printers import MD_COLUMNS, gemm_gbs, md_row, md_table
 # Which builds are compared: ours at a quant against llama.cpp at the nearest format.
 PAIRS = (("w4a16", "q4_k_m"), ("w4a16-head", "q4_k_m"), ("w4a8", "q4_k_m"), ("w4a8-head", "q4_k_m"),
          ("w4a16", "q4_0"), ("w4a16-head", "q4_0"), ("bf16", "bf16"), ("bf16", "f16"))
+# The llama.cpp side of a ratio, in order of preference: llama-bench itself (runners/llama_bench)
+# where the run timed it, else our llama.cpp runner (runs before llama-bench joined `bench run`).
+REFERENCE = ("llama-bench", "llama.cpp")
 
 
 def latest(records: list[Record]) -> list[Record]:
@@ -63,7 +66,8 @@ def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[
 
     def pair(model, ours_q, llama_q, test, t):
         a = newest.get((model, "ours", ours_q, test, t))
-        b = by_run.get((a.run_id, model, "llama.cpp", llama_q, test, t)) if a else None
+        b = next((by_run[k] for e in REFERENCE
+                  if (k := (a.run_id, model, e, llama_q, test, t)) in by_run), None) if a else None
         return (a, b) if b else (None, None)
 
     rows = []
@@ -88,7 +92,8 @@ def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[
                     continue
                 tg = [x for x in tests if x.startswith("tg")]
                 a, b = pair(model, ours_q, llama_q, tg[0], t) if tg else (None, None)
-                rows.append([model, str(t), f"ours {ours_q} / llama.cpp {llama_q}", *cells,
+                theirs = b.engine if b else "llama.cpp"
+                rows.append([model, str(t), f"ours {ours_q} / {theirs} {llama_q}", *cells,
                              _pct(a), _pct(b)])
     return rows
 

@@ -1,0 +1,93 @@
+"""llama.cpp timed by llama-bench itself: the reference numbers people quote and rerun.
+
+Each repetition the benchmark loop asks for is one invocation of the real `llama-bench` (built
+by bench.llama_tools from the llama-cpp-python sdist our llama.cpp runner links):
+    llama-bench -m GGUF -p N -n 0 -r 1 -t T -o json      (pp N)
+    llama-bench -m GGUF -p 0 -n N -r 1 -t T -o json      (tg N)
+with llama-bench's own defaults otherwise (its warm-up, flash attention auto, n_batch 2048,
+n_ubatch 512, f16 KV cache, mmap, polling). It starts from the pinned child, so it inherits
+the child's cores, and the contention guard watches it as part of the child's process tree.
+The time returned is llama-bench's own sample (`samples_ns`), which excludes its model load
+and warm-up; the whole JSON entry of each repetition goes into the record. llama-bench draws
+its own random tokens, so `seed` is not used.
+
+Next to runners/llamacpp.py (our re-implementation of the same loop through the Python
+bindings, which fidelity needs for logits): `edge-infer bench crosscheck` compares the two.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from edge_harness.bench.gguf_build import LLAMA_CPP_PYTHON
+from edge_harness.bench.llama_tools import LLAMA_BENCH, parse_llama_bench, tool_env, tool_path, tool_version
+from edge_harness.runners.base import Build, ModelRef
+from edge_harness.runners.llamacpp import LlamaCppRunner
+
+
+class LlamaBenchRunner:
+    name = LLAMA_BENCH
+    quants = LlamaCppRunner.quants
+
+    # -- planning side -------------------------------------------------------------------
+    @classmethod
+    def prepare(cls, model: ModelRef, quant: str) -> Build:
+        build = LlamaCppRunner.prepare(model, quant)  # the same GGUF as the llama.cpp runner
+        tool_path(LLAMA_BENCH)  # built once (minutes), here rather than inside a timed child
+        return replace(build, engine=cls.name)
+
+    @classmethod
+    def child_env(cls, cores: list[int], threads: int, options: dict) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(threads)}
+
+    # -- child side ----------------------------------------------------------------------
+    def load(self, build: Build, threads: int, n_ctx: int) -> dict[str, Any]:
+        self.binary: Path = tool_path(LLAMA_BENCH)
+        self.gguf = build.path
+        self.threads = threads
+        self.last_extra: dict | None = None
+        v = tool_version(self.binary)
+        return {
+            "version": f"{LLAMA_BENCH} {v['build_commit']} (build {v['build_number']}, "
+                       f"{v['version']}, llama-cpp-python {LLAMA_CPP_PYTHON} sdist, "
+                       f"{v['compiler']})",
+            "build_commit": v["build_commit"],
+            "threads": threads,
+            "prefix_caching": False,  # every invocation starts from an empty cache
+            "flash_attn": "auto (llama-bench default)",
+            "n_batch": 2048,
+            "n_ubatch": 512,
+        }
+
+    def _invoke(self, test: str, n: int) -> float:
+        n_prompt, n_gen = (n, 0) if test == "pp" else (0, n)
+        args = [str(self.binary), "-m", self.gguf, "-p", str(n_prompt), "-n", str(n_gen),
+                "-r", "1", "-t", str(self.threads), "-o", "json"]
+        proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(self.binary))
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
+            raise RuntimeError(f"{LLAMA_BENCH} exited {proc.returncode} ({' '.join(args)}):\n"
+                               f"{tail}")
+        entry = parse_llama_bench(proc.stdout, self.threads).get(test)
+        if entry is None or entry.get(f"n_{'prompt' if test == 'pp' else 'gen'}") != n:
+            raise RuntimeError(f"{LLAMA_BENCH} printed no {test}{n} result: {proc.stdout[:200]!r}")
+        samples = entry.get("samples_ns") or []
+        if len(samples) != 1 or samples[0] <= 0:
+            raise RuntimeError(f"{LLAMA_BENCH}: expected one positive sample, got {samples!r}")
+        self.last_extra = entry
+        return samples[0] / 1e9
+
+    def pp(self, n: int, seed: int) -> float:
+        return self._invoke("pp", n)
+
+    def tg(self, n: int, seed: int) -> float:
+        return self._invoke("tg", n)
+
+    def close(self) -> None:
+        pass
+
+
+RUNNER = LlamaBenchRunner
