@@ -7,9 +7,9 @@ pinned versions; the CPU torch wheel comes from ./wheels (tools/torch_wheel.py).
 from __future__ import annotations
 
 import os
-import shutil
+import subprocess
 import sys
-import tempfile
+import tomllib
 from pathlib import Path
 
 import nox
@@ -93,88 +93,27 @@ def _require(session: nox.Session, what: str, ok: bool, how: str) -> None:
     session.skip(f"NOT CHECKED: {what} is missing ({how})")
 
 
-def _docker_ok() -> bool:
-    import shutil
-    import subprocess
-
-    return shutil.which("docker") is not None and subprocess.run(
-        ["docker", "version"], capture_output=True).returncode == 0
+# Image builds and in-image tests live in tools/images.py (it runs without nox too).
+IMAGES_TOOL = str(ROOT / "tools" / "images.py")
 
 
-IMAGES = {"engine": "edge-infer", "harness": "edge-infer-harness", "export": "edge-infer-export"}
-# Free disk one image build needs at its peak, measured on the engine image: its build stage
-# (~4 GB), its final stage (~2.6 GB) and the copy of the largest layer while it is committed.
-IMAGE_BUILD_GB = 9
-
-
-def _storage_root() -> str:
-    return next((p for p in ("/var/lib/containers", "/var/lib/docker") if os.path.isdir(p)), "/")
-
-
-def _free_gib() -> float:
-    import shutil
-
-    return shutil.disk_usage(_storage_root()).free / 2**30
-
-
-def _require_disk(session: nox.Session, gb: float) -> None:
-    """Fail early and clearly, not with ENOSPC halfway through a build, when the container
-    storage (podman's or Docker's root, else /) has less than `gb` GiB free."""
-    root, free = _storage_root(), _free_gib()
-    session.log(f"{root}: {free:.1f} GiB free (an image build needs about {gb} GiB)")
-    if free < gb:
-        session.error(f"{root} has {free:.1f} GiB free, an image build needs about {gb} GiB: "
-                      "free some (`docker image prune -a` drops every unused image)")
+def _require_docker(session: nox.Session) -> None:
+    ok = subprocess.run([sys.executable, IMAGES_TOOL, "check"]).returncode == 0
+    _require(session, "a Docker API", ok, "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
 
 
 @nox.session(tags=["image"])
 def images(session: nox.Session) -> None:
     """`docker build` each image (args: engine harness export; default all). BASE_IMAGE comes
     from EDGE_INFER_BASE_IMAGE when set (tools/podman_setup.sh sets a local bookworm)."""
-    import glob
-    import shutil
-
-    _require(session, "a Docker API", _docker_ok(),
-             "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
-    names = session.posargs or list(IMAGES)
-    unknown = sorted(set(names) - set(IMAGES))
-    if unknown:
-        session.error(f"unknown image(s) {unknown}: choose from {sorted(IMAGES)}")
-    session.run_install(sys.executable, str(ROOT / "tools" / "torch_wheel.py"), silent=True)
-    # A TLS-intercepting proxy's CAs (the host's local CAs) are trusted by the build stage only.
-    for crt in glob.glob("/usr/local/share/ca-certificates/*.crt"):
-        shutil.copy(crt, ROOT / "docker" / "ca")
-    base = os.environ.get("EDGE_INFER_BASE_IMAGE")
-    for name in names:
-        # Every rebuild leaves the previous image's layers untagged: on a machine that builds
-        # often (CI) they fill the disk (a CI run failed with ENOSPC copying the venv). Drop
-        # them first, then check the room one build needs.
-        session.run("docker", "image", "prune", "-f", external=True, silent=True)
-        if _free_gib() < IMAGE_BUILD_GB:  # still short: this image's last build goes too
-            session.log(f"low on disk: removing the previous {IMAGES[name]} images first")
-            session.run("docker", "image", "rm", "-f", IMAGES[name], f"{IMAGES[name]}-build",
-                        external=True, success_codes=[0, 1])
-            session.run("docker", "image", "prune", "-f", external=True, silent=True)
-        _require_disk(session, IMAGE_BUILD_GB)
-        # --force-rm: a failed step's container is removed too (left behind, it holds its
-        # half-written layer on disk)
-        args = ["docker", "build", "--force-rm", "-f", f"docker/{name}.Dockerfile"]
-        if base:
-            args += ["--build-arg", f"BASE_IMAGE={base}"]
-        env = {"DOCKER_BUILDKIT": "0"}
-        # The build stage is tagged too, so the prune above keeps its layers as the cache of
-        # the next build (untagged, they would be pruned and every build would start cold).
-        session.run(*args, "--target", "build", "-t", f"{IMAGES[name]}-build", ".",
-                    external=True, env=env)
-        session.run(*args, "-t", IMAGES[name], ".", external=True, env=env)
-        session.run("docker", "image", "ls", IMAGES[name], external=True)
+    _require_docker(session)
+    session.run(sys.executable, IMAGES_TOOL, "build", *session.posargs, external=True)
 
 
 @nox.session(name="tests-image", tags=["test", "image"])
 def tests_image(session: nox.Session) -> None:
     """The engine image served for real: `docker run edge-infer serve` + the openai client."""
-    _require(session, "a Docker API", _docker_ok(),
-             "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
+    _require_docker(session)
     sync(session)  # no package: uv.lock's dev group alone (pytest, openai), by hash
     session.run("pytest", "-v", "docker/tests", *session.posargs)
 
@@ -183,47 +122,12 @@ def tests_image(session: nox.Session) -> None:
 def tests_in_image(session: nox.Session) -> None:
     """Each package's tests inside its own image (args: engine harness export; default all),
     against the code installed there: docker/test.Dockerfile adds the test tools to the image
-    `nox -s images` built, and a copy of the tree is mounted read-only for the tests alone."""
-    _require(session, "a Docker API", _docker_ok(),
-             "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
-    # image names first, then (after --) pytest's arguments, e.g. `-- engine -- -k kernels`
-    names = [a for a in session.posargs if a in IMAGES]
-    extra = [a for a in session.posargs if a not in IMAGES and a != "--"]
-    names = names or list(IMAGES)
-    # The image's user must read the tests: a copy of the tree (no venvs, no .git) in a
-    # world-readable folder, since a checkout may sit under a private one (mktemp's are 0700).
-    stage = Path(tempfile.mkdtemp(prefix="edge-infer-tests-"))
-    try:
-        stage.chmod(0o755)
-        shutil.copytree(ROOT, stage / "repo", symlinks=True, ignore=shutil.ignore_patterns(
-            ".git", ".nox", ".venv", "wheels", "__pycache__", "*.pyc", ".*_cache"))
-        for path in [stage / "repo", *(stage / "repo").rglob("*")]:  # copytree kept modes
-            if not path.is_symlink():
-                path.chmod(path.stat().st_mode | (0o755 if path.is_dir() else 0o444))
-        for name in names:
-            _tests_in(session, IMAGES[name], name, stage / "repo", extra)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def _tests_in(session: nox.Session, image: str, name: str, repo: Path, extra: list[str]) -> None:
-    """One package's tests inside `image` (+ the test tools), `repo` mounted read-only."""
-    session.run("docker", "build", "--force-rm", "-f", "docker/test.Dockerfile",
-                "--build-arg", f"IMAGE={image}", "-t", f"{image}-test", ".",
-                external=True, env={"DOCKER_BUILDKIT": "0"})
-    # Detached, then `docker wait` for the exit status: podman's Docker API reports 0 for
-    # an attached `docker run` whatever the command returned.
-    cid = session.run("docker", "run", "-d", "-v", f"{repo}:/repo:ro",
-                      *(f"--env={k}={v}" for k, v in OFFLINE_ENV.items()),
-                      f"{image}-test", f"packages/{name}/tests", *extra,
-                      external=True, silent=True).strip().splitlines()[-1]
-    try:
-        session.run("docker", "logs", "-f", cid, external=True)
-        status = session.run("docker", "wait", cid, external=True, silent=True).strip()
-    finally:
-        session.run("docker", "rm", "-f", cid, external=True, silent=True)
-    if status != "0":
-        session.error(f"{name} tests failed inside {image} (exit status {status})")
+    `nox -s images` built, and a copy of the tree is mounted read-only for the tests alone.
+    Image names first, then (after --) pytest's arguments, e.g. `-- engine -- -k kernels`."""
+    _require_docker(session)
+    session.run(sys.executable, IMAGES_TOOL, "test",
+                *(f"--env={k}={v}" for k, v in OFFLINE_ENV.items()), *session.posargs,
+                external=True)
 
 
 @nox.session(name="nix-check", tags=["test"])
@@ -287,31 +191,34 @@ if os.environ.get("CI"):
     nox.options.error_on_missing_interpreters = True
 
 
-BENCH_MODELS = ("smollm2-135m", "qwen3-0.6b-random")
-# torch's floor runs fp32 (the bf16 weights upcast, lossless): on AVX2 without native bf16,
-# torch's bf16 matmuls are several times slower than its fp32 ones.
-BENCH_SPARK = ("spark-x2.5-1.7b-random",
-               "ours:w4a16-head,ours:w4a8-head,llama.cpp:q4_k_m,llama.cpp:q4_0")
-BENCH_ENGINES = ("ours:bf16,ours:w4a16,ours:w4a16-head,ours:w4a8-head,llama.cpp:bf16,llama.cpp:q4_k_m,"
-                 "llama.cpp:q4_0,torch:fp32")
+def _grid(path: str) -> dict:
+    """An experiment grid: a TOML file shipped in a package (the engine lists live there)."""
+    with open(ROOT / path, "rb") as f:
+        return tomllib.load(f)
+
+
+PLANS = "packages/harness/src/edge_harness/plans.toml"  # bench-x86 and fidelity
+EXPORT_RUNS = "packages/export/src/edge_export/runs.toml"
 
 
 @nox.session(name="bench-x86", tags=["bench"])
 def bench_x86(session: nox.Session) -> None:
     """The speed grid on this host: engine x quant x model, llama-bench pp512/tg128 -r 5, pinned
     and guarded; the GEMM microbenchmark; then docs/results/report.md + plots, ending with the
-    ratio table ours / llama.cpp and % of the streaming-read ceiling. Args go to `bench run`
-    (e.g. `-- --wait 600` to wait for a quiet machine, `-- --force` to measure on a busy one)."""
+    ratio table ours / llama.cpp and % of the streaming-read ceiling. The grid is [bench] of
+    packages/harness/src/edge_harness/plans.toml. Args go to `bench run` (e.g. `-- --wait 600`
+    to wait for a quiet machine, `-- --force` to measure on a busy one)."""
+    plan = _grid(PLANS)["bench"]
+    spark = plan["spark"]
     sync(session, "edge-infer-harness")
-    for model in BENCH_MODELS:
+    for model in plan["models"]:
         session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
-    models = ",".join(BENCH_MODELS)
-    session.run("edge-infer", "bench", "run", "-m", models, "-e", BENCH_ENGINES,
+    models = ",".join(plan["models"])
+    session.run("edge-infer", "bench", "run", "-m", models, "-e", plan["engines"],
                 "-p", "512", "-n", "128", "-r", "5", *session.posargs, env=OFFLINE_ENV)
-    # Spark-X2.5-1.7B (random weights, real shape): the seed's headline comparison, 4-bit only
-    # (a bf16 1.7B decode is minutes per repetition here); the streaming ceiling is reused.
-    session.run("edge-infer", "models", "pull", BENCH_SPARK[0], env=OFFLINE_ENV)
-    session.run("edge-infer", "bench", "run", "-m", BENCH_SPARK[0], "-e", BENCH_SPARK[1],
+    # Spark-X2.5-1.7B, 4-bit only (see the plan); the streaming ceiling is reused.
+    session.run("edge-infer", "models", "pull", spark["model"], env=OFFLINE_ENV)
+    session.run("edge-infer", "bench", "run", "-m", spark["model"], "-e", spark["engines"],
                 "-p", "512", "-n", "128", "-r", "5", "--no-ceiling", *session.posargs,
                 env=OFFLINE_ENV)
     # M = 1 (decode) through 64 (batched decode) and 512 (a pp512 prefill)
@@ -345,53 +252,35 @@ def parity_spark(session: nox.Session) -> None:
                 env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1", "EDGE_INFER_SPARK_PARITY": model})
 
 
-EXPORT_MODEL = "smollm2-135m"
-EXPORT_RUNS = (  # (target, extra args): the table of docs/results/export.md
-    ("xnnpack-fp32",),
-    ("xnnpack-8da4w",),
-    ("qnn-w8a16", "--calibration", "16"),
-    ("qnn-w8a16", "--calibration", "0"),
-    ("qnn-w8a16", "--calibration", "16", "--no-sink-prefix"),
-)
-
-
 @nox.session(tags=["export"])
 def export(session: nox.Session) -> None:
     """Export smollm2-135m: XNNPACK fp32 and 8da4w .pte files run through executorch.runtime,
     QNN w8a16 calibrated / uncalibrated / without the sink prefix (simulated), each scored by
-    SQNR; appends to docs/results/export.jsonl and renders export.md. Args go to each export."""
+    SQNR (the runs: packages/export/src/edge_export/runs.toml); appends to
+    docs/results/export.jsonl and renders export.md. Args go to each export."""
+    grid = _grid(EXPORT_RUNS)
     sync(session, "edge-infer-export")
     results = ROOT / "docs" / "results"
     out = Path(session.create_tmp()) / "export"
-    for target, *extra in EXPORT_RUNS:
+    for target, *extra in grid["runs"]:
         name = "-".join([target, *(a.lstrip("-") for a in extra)])
-        session.run("edge-infer", "export", EXPORT_MODEL, "--target", target, *extra,
+        session.run("edge-infer", "export", grid["model"], "--target", target, *extra,
                     "--out", str(out / name), "--record", str(results / "export.jsonl"),
                     *session.posargs, env=OFFLINE_ENV)
     session.run("python", "-m", "edge_export.records", str(results / "export.jsonl"),
                 str(results / "export.md"), "--command", "nox -s export", env=OFFLINE_ENV)
 
 
-# The fidelity grid (docs/results/fidelity.md). smollm2's hidden size 576 is not a multiple of
-# 128, so it has no g128 build; each model's weights came from a different 4-bit grid (Q4_1 /
-# Q4_K_M), which the page states.
-FIDELITY = {
-    "smollm2-135m": "ours:bf16,ours:w4a16-g64,ours:w4a16-g64-zp,ours:w4a16-g32,ours:w4a16-g32-zp,"
-                    "llama.cpp:f16,llama.cpp:q4_k_m,llama.cpp:q4_0",
-    "qwen2.5-coder-0.5b": "ours:bf16,ours:w4a16-g128,ours:w4a16-g128-zp,ours:w4a16-g64,"
-                          "ours:w4a16-g64-zp,ours:w4a16-g32,ours:w4a16-g32-zp,"
-                          "llama.cpp:f16,llama.cpp:q4_k_m,llama.cpp:q4_0",
-}
-
-
 @nox.session(tags=["fidelity", "bench"])
 def fidelity(session: nox.Session) -> None:
     """Fidelity grid: each build vs its engine's own full-precision build on lee + shakespeare
-    (8 chunks of 512 each) and 12 greedy prompts; appends docs/results/fidelity.jsonl and renders
+    (8 chunks of 512 each) and 12 greedy prompts, for the models and builds of [fidelity] in
+    packages/harness/src/edge_harness/plans.toml; appends docs/results/fidelity.jsonl and renders
     fidelity.md. Args go to `edge-infer fidelity run` (e.g. `-- --chunks 4`)."""
+    grid = _grid(PLANS)["fidelity"]
     sync(session, "edge-infer-harness")
     results = ROOT / "docs" / "results" / "fidelity.jsonl"
-    for model, builds in FIDELITY.items():
+    for model, builds in grid.items():
         session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
         session.run("edge-infer", "fidelity", "run", "-m", model, "-b", builds,
                     "--results", str(results), *session.posargs, env=OFFLINE_ENV)

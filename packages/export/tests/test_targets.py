@@ -1,6 +1,8 @@
 """Each target is one entry of targets.TARGETS: the CLI and the pipeline read it from there."""
 
 import inspect
+import tomllib
+from importlib import resources
 
 from edge_export.targets import TARGETS
 from edge_infer.cli import build_parser
@@ -24,3 +26,15 @@ def test_export_help_is_the_targets_own(capsys):
         assert " ".join(target.help.split()) in " ".join(text.split()), name
     target_flag = next(a for a in export._actions if a.dest == "target")
     assert sorted(target_flag.choices) == sorted(TARGETS)
+
+
+def test_every_planned_export_run_is_a_command_line_the_cli_accepts():
+    """runs.toml (shipped in the package, read by `nox -s export`) names known targets with
+    flags `edge-infer export` takes."""
+    grid = tomllib.loads((resources.files("edge_export") / "runs.toml").read_text())
+    assert grid["runs"]
+    for target, *extra in grid["runs"]:
+        assert target in TARGETS
+        args = build_parser().parse_args(["export", grid["model"], "--target", target, *extra,
+                                          "--out", "o"])
+        assert args.target == target

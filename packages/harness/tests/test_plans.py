@@ -1,0 +1,33 @@
+"""The experiment grids the nox sessions run (plans.toml, shipped in the package): every model
+is a registry model and every build an engine spec `bench run` accepts, so a typo fails here
+and not an hour into `nox -s bench-x86`."""
+
+import tomllib
+from importlib import resources
+
+import pytest
+
+from edge_harness.bench.run import parse_engine
+from edge_infer.models.registry import REGISTRY
+
+PLANS = tomllib.loads((resources.files("edge_harness") / "plans.toml").read_text())
+BENCH = PLANS["bench"]
+GRIDS = [(model, BENCH["engines"]) for model in BENCH["models"]]
+GRIDS += [(BENCH["spark"]["model"], BENCH["spark"]["engines"])]
+GRIDS += list(PLANS["fidelity"].items())
+
+
+@pytest.mark.parametrize(("model", "engines"), GRIDS, ids=[m for m, _ in GRIDS])
+def test_every_planned_build_is_one_bench_run_accepts(model, engines):
+    assert model in REGISTRY
+    specs = engines.split(",")
+    assert specs and all(specs), engines
+    for spec in specs:
+        parse_engine(spec)
+
+
+def test_the_plan_has_what_the_noxfile_reads():
+    assert set(PLANS) == {"bench", "fidelity"}
+    assert set(BENCH) == {"models", "engines", "spark"}
+    assert set(BENCH["spark"]) == {"model", "engines"}
+    assert all(isinstance(v, str) for v in PLANS["fidelity"].values())
