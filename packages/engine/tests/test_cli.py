@@ -1,3 +1,4 @@
+import ast
 import subprocess
 import sys
 
@@ -72,12 +73,38 @@ def test_list_json(tmp_path):
     assert not any(r["pulled"] for r in rows.values())
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"]], ids=" ".join)
-def test_help_does_not_import_torch(argv):
-    """`edge-infer --help` answers in a fraction of a second: torch (seconds to import here)
-    stays out of the process until a command needs it."""
-    code = ("import sys\nfrom edge_infer.cli import main\n"
+HEAVY = ("torch", "vllm", "transformers")
+
+
+def help_imports(argv: list[str], prelude: str = "") -> tuple[str, list[str]]:
+    """`edge-infer ARGV` in a fresh interpreter: its output, and which of HEAVY it imported."""
+    code = (f"import sys\n{prelude}\nfrom edge_infer.cli import main\n"
             f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+            f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip().endswith("NO-TORCH"), out.stdout + out.stderr
+    assert out.returncode == 0 and "HEAVY" in out.stdout, out.stdout + out.stderr
+    text, _, heavy = out.stdout.rpartition("HEAVY ")
+    return text, ast.literal_eval(heavy)
+
+
+def installed_commands() -> list[str]:
+    from edge_infer.cli import build_parser
+
+    return sorted(build_parser()._subparsers._group_actions[0].choices)
+
+
+@pytest.mark.parametrize("argv", [["--help"], *([c, "--help"] for c in installed_commands())],
+                         ids=" ".join)
+def test_help_does_not_import_torch(argv):
+    """`edge-infer --help` and each installed subcommand's answer in a fraction of a second:
+    torch, vLLM and transformers (seconds to import here) stay out of the process until a
+    command runs."""
+    text, heavy = help_imports(argv)
+    assert "usage: edge-infer" in text, text  # the help really printed
+    assert heavy == [], f"`edge-infer {' '.join(argv)}` imported {heavy}"
+
+
+def test_the_import_check_sees_torch():
+    """The check above can fail: the same probe in a process that imported torch says so."""
+    text, heavy = help_imports(["--help"], prelude="import torch")
+    assert "usage: edge-infer" in text and heavy == ["torch"]

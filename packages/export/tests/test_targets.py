@@ -1,6 +1,9 @@
 """Each target is one entry of targets.TARGETS: the CLI and the pipeline read it from there."""
 
+import ast
 import inspect
+import subprocess
+import sys
 import tomllib
 from importlib import resources
 
@@ -38,3 +41,15 @@ def test_every_planned_export_run_is_a_command_line_the_cli_accepts():
         args = build_parser().parse_args(["export", grid["model"], "--target", target, *extra,
                                           "--out", "o"])
         assert args.target == target
+
+
+def test_export_help_imports_nothing_heavy():
+    """The targets' table is read for --help: it must not pull in torch or the toolchains."""
+    code = ("import sys\nfrom edge_infer.cli import main\n"
+            "try:\n    main(['export', '--help'])\nexcept SystemExit:\n    pass\n"
+            "print('HEAVY', [m for m in ('torch', 'executorch', 'qai_hub', 'transformers') "
+            "if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    text, _, heavy = out.stdout.rpartition("HEAVY ")
+    assert out.returncode == 0 and "usage: edge-infer export" in text, out.stdout + out.stderr
+    assert ast.literal_eval(heavy) == [], f"`edge-infer export --help` imported {heavy}"
