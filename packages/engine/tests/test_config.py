@@ -75,3 +75,39 @@ def test_bad_profile_names_the_key(tmp_path, text, message):
     with pytest.raises(UsageError) as info:
         profiles.load(f)
     assert message in str(info.value)
+
+
+def test_one_checkpoint_name_for_serve_and_the_harness(monkeypatch, tmp_path):
+    from edge_infer.quant.builds import checkpoint_dir, default_config
+
+    monkeypatch.setenv("EDGE_INFER_HOME", str(tmp_path))
+    cfg = default_config("smollm2-135m")
+    assert checkpoint_dir("smollm2-135m", cfg) == tmp_path / "checkpoints" / "smollm2-135m-w4a16-g64"
+    head = W4Config(scheme="w4a8", group_size=32, zero_point=True, quantize_lm_head=True)
+    assert checkpoint_dir("m", head).name == "m-w4a8-g32-zp-head"
+
+
+def test_one_vllm_environment_from_cores_or_a_profile():
+    import os
+
+    from edge_infer.serve.runtime import vllm_env
+
+    env = vllm_env([4, 5, 6], 2, 3, in_process=True, fused=False)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "4,5" and env["OMP_NUM_THREADS"] == "2"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["EDGE_INFER_FUSED_DECODE"] == "0"
+    plain = vllm_env([4, 5, 6])
+    assert plain["VLLM_CPU_OMP_THREADS_BIND"] == "4,5,6"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in plain and "EDGE_INFER_FUSED_DECODE" not in plain
+    with pytest.raises(UsageError, match="--threads 4: choose 1..3"):
+        vllm_env([4, 5, 6], 4)
+    served = vllm_env(profiles.Profile(), 1)  # a profile: its cores (this process's) and KV size
+    assert served["VLLM_CPU_OMP_THREADS_BIND"] == str(min(os.sched_getaffinity(0)))
+    assert served["VLLM_CPU_KVCACHE_SPACE"] == str(profiles.Profile().serve.kv_cache_gib)
+
+
+def test_scale_dtype_names_are_the_ones_with_a_torch_dtype():
+    from edge_infer.quant.config import SCALE_DTYPE_NAMES
+    from edge_infer.quant.primitives import SCALE_DTYPES
+
+    assert set(SCALE_DTYPE_NAMES) == set(SCALE_DTYPES)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from edge_infer.errors import UsageError
 from edge_infer.models.registry import REGISTRY
-from edge_infer.quant.config import GROUPS, SCALE_DTYPES, SCHEMES, W4Config
+from edge_infer.quant.config import GROUPS, SCALE_DTYPE_NAMES, SCHEMES, W4Config
 
 DEFAULT = W4Config()  # the flags' defaults are the config's
 
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--group", type=int, choices=GROUPS, default=DEFAULT.group_size,
                    help=f"weights per scale (default {DEFAULT.group_size})")
     p.add_argument("--zero-point", action="store_true", help="asymmetric: uint4 codes + zero")
-    p.add_argument("--scale-dtype", choices=SCALE_DTYPES, default=DEFAULT.scale_dtype,
+    p.add_argument("--scale-dtype", choices=SCALE_DTYPE_NAMES, default=DEFAULT.scale_dtype,
                    help=f"dtype of the stored scales (default {DEFAULT.scale_dtype})")
     p.add_argument("--quantize-lm-head", action="store_true",
                    help="also 4-bit the LM head and embedding table (tied or not)")

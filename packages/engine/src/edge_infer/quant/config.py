@@ -14,7 +14,7 @@ QUANT_METHOD = "edge_w4"
 # profiles' [quant] table and the harness's build names all read these.
 SCHEMES = ("w4a16", "w4a8")  # same stored codes; w4a8 also rounds activations to int8
 GROUPS = (32, 64, 128)
-SCALE_DTYPES = ("fp16", "bf16")
+SCALE_DTYPE_NAMES = ("fp16", "bf16")  # their torch dtypes: quant.primitives.SCALE_DTYPES
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,8 @@ class W4Config:
             raise ValueError(f"scheme {self.scheme!r} unknown; choose one of {SCHEMES}")
         if self.group_size not in GROUPS:
             raise ValueError(f"group size {self.group_size} unsupported; choose one of {GROUPS}")
-        if self.scale_dtype not in SCALE_DTYPES:
-            raise ValueError(f"scale dtype {self.scale_dtype!r}: choose {' or '.join(SCALE_DTYPES)}")
+        if self.scale_dtype not in SCALE_DTYPE_NAMES:
+            raise ValueError(f"scale dtype {self.scale_dtype!r}: choose {' or '.join(SCALE_DTYPE_NAMES)}")
 
     def to_config(self) -> W4Config:
         """This config. A profile's [quant] table was once its own class with this method; the
