@@ -28,25 +28,19 @@ import torch
 import torch.nn.functional as F
 
 from edge_infer import profiles
-from edge_infer.models.random_weights import build_random, spark_tensors
-from edge_infer.models.registry import (
-    REGISTRY,
-    SPARK_EOS,
-    SPARK_SOS,
-    SPARK_SPECIAL_TOKENS,
-    spark,
-)
+from edge_infer.models.random_weights import spark_tensors
+from edge_infer.models.registry import REGISTRY, SPARK_EOS, SPARK_SOS, SPARK_SPECIAL_TOKENS
 from edge_infer.quant.checkpoint import load_tensors, quantize_checkpoint, quantize_tensors
 from edge_infer.quant.config import W4Config
 from edge_infer.quant.primitives import dequantize_w4, unpack_nibbles
 from edge_infer.serve.resolve import Resolved
 from edge_infer.serve.runtime import vllm_env
+from edge_infer.testing import BPE_TEXT as TEXT
+from edge_infer.testing import SMALL_SPARK as SMALL
+from edge_infer.testing import build_small_spark
 
-WINDOW, TOKENS, VOCAB = 64, 520, 512
-SMALL = spark(128, 256, 6, 4, 2, head_dim=64, vocab=VOCAB, window=WINDOW, max_positions=2048)
+WINDOW, TOKENS, VOCAB = SMALL["sliding_window"], 520, SMALL["vocab_size"]
 PARITY_ENV = "EDGE_INFER_SPARK_PARITY"
-TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
-        "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. 12345 67.")
 W4 = W4Config(group_size=64, quantize_lm_head=True)
 
 
@@ -130,31 +124,11 @@ class Subject:
         return self.config["num_hidden_layers"]
 
 
-def build_small(root: Path) -> Path:
-    """A small Spark-X2.5 HF folder built like `models pull spark-x2.5-*-random` builds the
-    real shapes: a byte-level BPE (trained here, ~400 tokens) padded to the vocab with the chat
-    markers, random weights (std 0.1, norms 1 + N(0, 0.1))."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT] * 50, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                            eos_token="<|endoftext|>").save_pretrained(root / "bpe")
-    template = profiles.load("spark-x2.5-1.7b-random").chat.template
-    build_random(SMALL, 0, root / "bpe", root / "hf", special_tokens=SPARK_SPECIAL_TOKENS,
-                 bos=SPARK_SOS, eos=SPARK_EOS, chat_template=template, std=0.1, norm_std=0.1)
-    return root / "hf"
-
-
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory) -> Path:
+    """SMALL_SPARK: its tiny BPE in root/bpe, the HF folder in root/hf."""
     root = tmp_path_factory.mktemp("spark-small")
-    build_small(root)
+    build_small_spark(root)
     return root
 
 

@@ -1,20 +1,14 @@
-import os
 from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["edge_infer.testing"]
+
 
 @pytest.fixture(scope="session", autouse=True)
-def edge_home(tmp_path_factory) -> Path:
-    """A private EDGE_INFER_HOME (and QNN placeholder) for the session: never the user's."""
-    home = tmp_path_factory.mktemp("edge-home")
-    old = os.environ.get("EDGE_INFER_HOME")
-    os.environ["EDGE_INFER_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("EDGE_INFER_HOME", None)
-    else:
-        os.environ["EDGE_INFER_HOME"] = old
+def edge_home(edge_home) -> Path:
+    """The engine's private EDGE_INFER_HOME, for every test here: never the user's."""
+    return edge_home
 
 
 def build_tiny(path: Path, arch: str = "llama") -> Path:

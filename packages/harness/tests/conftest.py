@@ -1,31 +1,18 @@
-import os
-from pathlib import Path
-
 import pytest
 
+from edge_infer.testing import environ
+
+# edge_home (a private EDGE_INFER_HOME) and smollm2 (the default model, pulled into it)
+pytest_plugins = ["edge_infer.testing"]
+
 
 @pytest.fixture(scope="session")
-def edge_home(tmp_path_factory) -> Path:
-    """A private EDGE_INFER_HOME (and benchmark lock) for the test session."""
-    home = tmp_path_factory.mktemp("edge-home")
-    saved = {k: os.environ.get(k) for k in ("EDGE_INFER_HOME", "EDGE_HARNESS_LOCK")}
-    os.environ["EDGE_INFER_HOME"] = str(home)
+def edge_home(edge_home):
+    """The engine's private EDGE_INFER_HOME, with a private benchmark lock in it."""
     # Tests time nothing that is reported: a private lock keeps them from waiting on (or
     # blocking) a real benchmark; that benchmark's guard still sees them as load.
-    os.environ["EDGE_HARNESS_LOCK"] = str(home / "bench.lock")
-    yield home
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="session")
-def smollm2(edge_home):
-    from edge_infer.models.pull import pull
-
-    return pull("smollm2-135m")
+    with environ(EDGE_HARNESS_LOCK=str(edge_home / "bench.lock")):
+        yield edge_home
 
 
 @pytest.fixture(scope="session")

@@ -3,26 +3,17 @@
 
 import pytest
 
-TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
-        "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. 12345 67.")
+from edge_infer.testing import BPE_TEXT as TEXT
+from edge_infer.testing import tiny_bpe_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny_bpe_model(tmp_path_factory):
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     out = tmp_path_factory.mktemp("tiny-bpe")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT] * 50, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>")
-    fast.save_pretrained(out)
+    fast = tiny_bpe_tokenizer(out)
     config = LlamaConfig(vocab_size=len(fast), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=128, bos_token_id=0, eos_token_id=0)

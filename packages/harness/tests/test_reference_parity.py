@@ -6,11 +6,11 @@ matches for a stretch, then may diverge on a near-tie. A wrong conversion (a tra
 permuted tensor, a wrong norm epsilon, a wrong RoPE) breaks both checks at once.
 """
 
-import os
-
 import numpy as np
 import pytest
 import torch
+
+from edge_infer.testing import environ
 
 CHAT = "<|im_start|>user\nWhat is the tallest mountain?<|im_end|>\n<|im_start|>assistant\n"
 TEXT = (
@@ -25,15 +25,8 @@ GREEDY_TOKENS = 16
 def pulled(tmp_path_factory):
     from edge_infer.models.pull import pull
 
-    old = os.environ.get("EDGE_INFER_HOME")
-    os.environ["EDGE_INFER_HOME"] = str(tmp_path_factory.mktemp("parity-home"))
-    try:
+    with environ(EDGE_INFER_HOME=str(tmp_path_factory.mktemp("parity-home"))):
         yield pull("smollm2-135m")
-    finally:
-        if old is None:
-            os.environ.pop("EDGE_INFER_HOME")
-        else:
-            os.environ["EDGE_INFER_HOME"] = old
 
 
 @pytest.fixture(scope="module")

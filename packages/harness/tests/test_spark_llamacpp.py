@@ -19,7 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-WINDOW, TOKENS, VOCAB = 64, 520, 512
+from edge_infer.testing import BPE_TEXT as TEXT
+from edge_infer.testing import SMALL_SPARK, build_small_spark
+
+TOKENS, VOCAB = 520, SMALL_SPARK["vocab_size"]
 PARITY_ENV = "EDGE_INFER_SPARK_PARITY"
 
 
@@ -30,37 +33,13 @@ class Subject(NamedTuple):
     gguf: Path  # F16, from llama.cpp's converter
     tokens: int  # prompt length
     id_range: int  # token ids drawn from [0, id_range): ids its tokenizer produces
-TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
-        "How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. 12345 67.")
 
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
-    """Built as `edge-infer models pull spark-x2.5-*-random` builds the real shapes, smaller: a
-    byte-level BPE trained here, padded to the vocab with Spark's chat markers."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from edge_infer import profiles
-    from edge_infer.models.random_weights import build_random
-    from edge_infer.models.registry import SPARK_EOS, SPARK_SOS, SPARK_SPECIAL_TOKENS, spark
-
-    root = tmp_path_factory.mktemp("spark-small")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([TEXT] * 50, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>",
-                            eos_token="<|endoftext|>").save_pretrained(root / "bpe")
-    config = spark(128, 256, 6, 4, 2, head_dim=64, vocab=VOCAB, window=WINDOW,
-                   max_positions=2048)
-    build_random(config, 0, root / "bpe", root / "hf", special_tokens=SPARK_SPECIAL_TOKENS,
-                 bos=SPARK_SOS, eos=SPARK_EOS,
-                 chat_template=profiles.load("spark-x2.5-1.7b-random").chat.template,
-                 std=0.1, norm_std=0.1)
-    return root / "hf"
+    """The engine tests' small Spark-X2.5 (edge_infer.testing.SMALL_SPARK): built as
+    `edge-infer models pull spark-x2.5-*-random` builds the real shapes, smaller."""
+    return build_small_spark(tmp_path_factory.mktemp("spark-small"))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ a past cache of `context - chunk` slots, and returns the logits of the new token
 keys/values. The host owns the cache (it writes the returned keys/values into the next call's
 past), the rotary tables and the mask, so the graph holds no `arange`, no position arithmetic
 and no mutable buffer. That matters because:
-  - the XNNPACK quantizer breaks integer `arange` index nodes in HF models (DESIGN.md 4);
+  - the XNNPACK quantizer breaks integer `arange` index nodes in HF models (docs/DESIGN.md, Export pitfalls);
   - QNN/AI Hub want plain inputs and outputs, not mutable buffers;
   - the mask is *finite* (MASK_VALUE) and additive: HF's ~-3.4e38 (or -65535) mask makes the
     16-bit activation range of `scores + mask` so wide that real scores all round to one code.
