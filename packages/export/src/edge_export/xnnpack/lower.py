@@ -4,8 +4,9 @@ running a .pte back through executorch.runtime.
 Schemes: fp32; 8da4w = int8 dynamic (per token) activations x int4 weights in groups
 (torchao Int8DynamicActivationIntxWeightConfig, PerGroup); 8da8w = the same with int8 weights
 per output channel. Only nn.Linear layers are quantized (the lm_head too); the embedding stays
-fp32. torchao's int4 *weight-only* config lowered to XNNPACK gave wrong output (-44 dB,
-DESIGN.md 4), which is why 4-bit here is always the 8da form, and why every variant is scored.
+fp32. torchao's int4 *weight-only* config lowered to XNNPACK gave wrong output (-44 dB;
+docs/DESIGN.md, Export pitfalls), which is why 4-bit here is always the 8da form, and why
+every variant is scored.
 """
 
 from __future__ import annotations
