@@ -1,11 +1,7 @@
 """A real `edge-infer serve` process on a free loopback port, driven by the openai client."""
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,51 +12,28 @@ import openai
 import openai_parity
 import pytest
 
+from edge_infer.serve import process
+from edge_infer.testing import environ
+
 API_KEY = "test-key-not-secret"
 MODEL = "smollm2-135m-w4a16"
 START_TIMEOUT = 900  # vLLM's start is 1-3 min here, slower when the machine is busy
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     """`edge-infer serve ARGS` on a free port, once /health answers."""
-    port = free_port()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "edge_infer", "serve", "--port", str(port), *args],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ.copy(),
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"edge-infer serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, base
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"server not healthy after {START_TIMEOUT}s:\n{log.read_text()[-3000:]}")
-        time.sleep(2)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
     try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        return process.start(args, log, START_TIMEOUT)
+    except process.ServeFailed as exc:
+        pytest.fail(str(exc))
+
+
+def test_a_server_that_exits_is_reported_with_its_log(tmp_path):
+    log = tmp_path / "serve.log"
+    proc, base = process.spawn(["--no-such-option"], log)
+    with pytest.raises(process.ServeFailed, match="exited with 2(.|\n)*--no-such-option"):
+        process.wait_healthy(proc, base, START_TIMEOUT, log)
+    process.stop(proc)  # already gone: a no-op
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +41,7 @@ def server(smollm2, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     proc, base = start(["--api-key", API_KEY], log)
     yield base, log, proc
-    stop(proc)
+    process.stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -163,16 +136,8 @@ def vllm_app(serve_args: list[str]):
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(cmd[3:])
     # every task's routers, so that a route any model would get is listed
     tasks = ("generate", "transcription", "realtime", "embed", "classify", "score", "render")
-    saved = {k: os.environ.get(k) for k in env if k.startswith(("EDGE_INFER_", "VLLM_API"))}
-    os.environ.update({k: env[k] for k in saved})
-    try:
+    with environ(**{k: v for k, v in env.items() if k.startswith(("EDGE_INFER_", "VLLM_API"))}):
         return build_app(args, supported_tasks=tasks)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def every_route(app):
@@ -349,7 +314,7 @@ def test_tool_calls_are_parsed_for_qwen25_coder(edge_home, tmp_path):
         else:
             assert msg.content and "<tool_call>" not in msg.content, msg
     finally:
-        stop(proc)
+        process.stop(proc)
 
 
 def test_a_killed_engine_core_is_a_nonzero_exit(server):

@@ -13,10 +13,7 @@ import argparse
 import gc
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -27,6 +24,7 @@ from edge_infer.models.pull import pull
 from edge_infer.models.registry import DEFAULT_MODEL
 from edge_infer.prompts import GREEDY_PROMPTS, first_divergence
 from edge_infer.results import append, context, require_clean
+from edge_infer.serve import process
 from edge_infer.serve.resolve import Resolved, default_build
 from edge_infer.serve.runtime import vllm_env
 
@@ -73,21 +71,11 @@ def run_greedy(out: Path, max_tokens: int) -> dict:
     return rec
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_cold_start(extra: list[str], tokens: int, timeout: float) -> tuple[float, float]:
-    port = _free_port()
     start = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "edge_infer", "serve", "--port", str(port), *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    proc, base = process.spawn(extra)
     try:
-        url = f"http://127.0.0.1:{port}/v1/completions"
+        url = f"{base}/v1/completions"
         body = json.dumps({
             "model": f"{DEFAULT_MODEL}-w4a16", "prompt": "Once upon a time", "max_tokens": tokens,
             "temperature": 0, "ignore_eos": True, "stream": True,
@@ -109,11 +97,7 @@ def one_cold_start(extra: list[str], tokens: int, timeout: float) -> tuple[float
         tok_s = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
         return first, tok_s
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        process.stop(proc)
 
 
 def run_cold_start(out: Path, reps: int, tokens: int, mode: str, timeout: float) -> dict:

@@ -22,9 +22,7 @@ import json
 import os
 import random
 import secrets
-import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -34,7 +32,7 @@ from urllib.parse import urlsplit
 
 from edge_infer.models.registry import DEFAULT_MODEL
 from edge_infer.results import append, context, require_clean
-from edge_infer.serve import auth
+from edge_infer.serve import auth, process
 
 BAD_SHARE, CANCEL_SHARE = 0.05, 0.10
 LONG_PROMPT = "Summarize the following notes. " + "The quick brown fox jumps over the lazy dog. " * 40
@@ -189,38 +187,6 @@ def summary(tally: Tally, clients: int, seconds: float, seed: int) -> dict:
     }
 
 
-def start_server(model: str | None, key: str, log: Path, timeout: float):
-    sock_port = _free_port()
-    cmd = [sys.executable, "-m", "edge_infer", "serve", "--port", str(sock_port),
-           *([model] if model else [])]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={**os.environ, auth.KEY_ENV: key})
-    base = f"http://127.0.0.1:{sock_port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"edge-infer serve exited with {proc.returncode}; see {log}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", sock_port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return proc, base
-        except OSError:
-            pass
-        time.sleep(2)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise SystemExit(f"edge-infer serve not healthy after {timeout:.0f} s; see {log}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def served_name(base: str, key: str) -> str:
     url = urlsplit(base)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
@@ -248,7 +214,11 @@ def main() -> int:
     # provenance of the code that runs: taken now, not after minutes of load
     provenance = context(threads=len(os.sched_getaffinity(0)))
     key = secrets.token_urlsafe(24)
-    proc, base = start_server(args.model, key, args.log, args.timeout)
+    try:
+        proc, base = process.start([args.model] if args.model else [], args.log, args.timeout,
+                                   env={auth.KEY_ENV: key})
+    except process.ServeFailed as exc:
+        raise SystemExit(f"soak: {exc}") from None
     try:
         model = served_name(base, key)
         warm = run_load(base, key, model, args.clients, 20, args.seed + 1, 10**6)
@@ -260,11 +230,7 @@ def main() -> int:
         rss_end = tree_rss_mib(proc.pid)
         alive = answers(base, key, model)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        process.stop(proc)
     growth = rss_end / rss_start - 1
     rec = {
         **provenance,
