@@ -1,5 +1,6 @@
 """Reference models: real pulls, and the bad paths (registry down, bad bytes, killed pull, full disk)."""
 
+import errno
 import hashlib
 import json
 import os
@@ -121,6 +122,19 @@ def test_disk_full_is_refused_up_front(fake_registry, tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1, 1, 1024))
     with pytest.raises(EdgeInferError, match="not enough disk space"):
         pull(name)
+
+
+def test_disk_filling_up_during_a_pull_is_one_clear_error(fake_registry, tmp_path, monkeypatch):
+    add, good_sha = fake_registry
+    name = add(good_sha)
+
+    def full(gguf, out_dir):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("edge_infer.models.convert.gguf_to_hf", full)
+    with pytest.raises(EdgeInferError, match="disk full while building 'fake-model'"):
+        pull(name)
+    assert no_model_left(tmp_path / "home", name)
 
 
 def test_killed_pull_leaves_no_loadable_model(tmp_path):

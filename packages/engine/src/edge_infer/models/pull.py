@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import tempfile
 from pathlib import Path
 
 from edge_infer import profiles
-from edge_infer.errors import EdgeInferError
 from edge_infer.home import models_dir
 from edge_infer.models import convert, fetch, random_weights
 from edge_infer.models.registry import GGUFSource, ModelSpec, RandomSource, get_spec
@@ -44,20 +42,12 @@ def pull(name: str, *, force: bool = False) -> PulledModel:
         log.info("%s is already pulled at %s (use --force to rebuild)", name, models_dir() / name)
         return model_path(name)
     check_free_space(models_dir(), estimated_bytes(spec))
-    try:
-        with staging(name) as tmp:
-            if isinstance(spec.source, GGUFSource):
-                extra = _pull_gguf(spec.source, tmp)
-            else:
-                extra = _pull_random(spec, tmp)
-            write_manifest(tmp, spec, extra)
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise EdgeInferError(
-                f"disk full while pulling {name!r} into {models_dir()}; free space or set "
-                "EDGE_INFER_HOME (nothing half-written was kept)"
-            ) from exc
-        raise
+    with staging(name) as tmp:  # a full disk on the way is staging's one-line error
+        if isinstance(spec.source, GGUFSource):
+            extra = _pull_gguf(spec.source, tmp)
+        else:
+            extra = _pull_random(spec, tmp)
+        write_manifest(tmp, spec, extra)
     log.info("pulled %s into %s", name, models_dir() / name)
     return model_path(name)
 
