@@ -1,4 +1,4 @@
-"""Engine records (serve smoke, profiles) say whether the tree they were measured on was clean."""
+"""The one record module: provenance (was the tree clean?), the durable append, the tolerant read."""
 
 import shutil
 import subprocess
@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from edge_infer.errors import UsageError
-from edge_infer.results import context, require_clean
+from edge_infer.results import append, context, git_state, latest, read, require_clean
 
 NO_GIT = pytest.mark.skipif(shutil.which("git") is None,
                             reason="no git here (the engine image ships none)")
@@ -41,3 +41,40 @@ def test_a_dirty_tree_may_not_publish_without_allow_dirty(tmp_path, monkeypatch)
     assert require_clean(published, allow_dirty=True) == published
     assert require_clean(tmp_path / "scratch.jsonl", allow_dirty=False) is not None  # not docs
     assert require_clean(None, allow_dirty=False) is None
+
+
+def test_append_and_read_survive_a_torn_last_line(tmp_path, caplog):
+    """What a crash mid-write leaves (a last line without its newline) is skipped by read and
+    cut by the next append; a bad line anywhere else is an error naming it."""
+    path = tmp_path / "docs" / "r.jsonl"
+    append(path, {"b": 1, "a": float("nan")})
+    whole = path.read_bytes()
+    assert whole == b'{"a": NaN, "b": 1}\n'  # keys sorted, NaN as Python writes it (old records)
+    path.write_bytes(whole + b'{"a": 2, "b"')
+    with caplog.at_level("WARNING"):
+        assert [r["b"] for r in read(path)] == [1]
+    assert "torn last line" in caplog.text
+    append(path, {"b": 3})
+    assert [r["b"] for r in read(path, parse=lambda d: d)] == [1, 3]
+    path.write_bytes(b"{oops\n" + path.read_bytes())
+    with pytest.raises(ValueError, match=r"r.jsonl:1: not a bench record"):
+        read(path, what="bench record")
+
+
+def test_latest_keeps_the_newest_record_per_key_in_first_place():
+    recs = [{"k": "a", "v": 1}, {"k": "b", "v": 2}, {"k": "a", "v": 3}]
+    assert latest(recs, lambda r: r["k"]) == [{"k": "a", "v": 3}, {"k": "b", "v": 2}]
+
+
+def test_git_state_outside_git(tmp_path):
+    assert git_state(tmp_path) == (None, None)
+
+
+@NO_GIT
+def test_git_state_commit_and_dirty(tmp_path):
+    repo(tmp_path)
+    commit, dirty = git_state(tmp_path)
+    short, _ = git_state(tmp_path, short=True)
+    assert len(commit) == 40 and commit.startswith(short) and dirty is False
+    (tmp_path / "f").write_text("b")
+    assert git_state(tmp_path) == (commit, True)

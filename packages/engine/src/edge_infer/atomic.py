@@ -6,6 +6,10 @@ never blocks the next one). Once complete it is fsynced, files and folders, and 
 one rename; a copy it replaces is removed only after the new one is in place. A killed build
 leaves only a partial folder that nothing loads, and the next build of TARGET sweeps it: that
 build holds the lock, so no live build can own it.
+
+A record file (JSONL, edge_infer.results) grows by `append_line`: one whole line per write,
+fsynced, so a killed run leaves every line it finished and at most one torn last line, which
+readers skip and the next append cuts.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import errno
 import fcntl
 import functools
 import glob
+import logging
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -63,6 +70,47 @@ def replace_file(src: Path, dst: Path) -> None:
     _fsync_file(src)
     os.replace(src, dst)
     fsync_dir(dst.parent)
+
+
+def append_line(path: Path, line: bytes) -> None:
+    """Append one newline-terminated `line` to `path` so that a kill at any moment leaves every
+    line whole: one write() on an O_APPEND descriptor (the kernel places it at the end in one
+    step, also against other appenders), then fsync. A last line left without its newline by
+    an earlier crash is cut first, so the new line does not glue onto it."""
+    if not line.endswith(b"\n"):
+        raise ValueError("append_line takes one whole line, ending in a newline")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    created = not path.exists()
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        torn = _torn_tail(fd, end)
+        if torn:
+            log.warning("%s: dropping a torn last line (%d bytes) before appending", path, torn)
+            end -= torn
+            os.ftruncate(fd, end)
+        written = os.write(fd, line)
+        if written != len(line):  # only on a full disk: take the fragment back, and say so
+            os.ftruncate(fd, end)
+            raise OSError(f"short write to {path}: {written} of {len(line)} bytes (truncated back)")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:  # the new name is a change to the folder
+        fsync_dir(path.parent)
+
+
+def _torn_tail(fd: int, end: int) -> int:
+    """Bytes after the last newline of the file (0 when it ends with one, or is empty)."""
+    size = 0
+    while end - size > 0:
+        step = min(4096, end - size)
+        chunk = os.pread(fd, step, end - size - step)
+        cut = chunk.rfind(b"\n")
+        if cut >= 0:
+            return size + step - cut - 1
+        size += step
+    return size
 
 
 def write_bytes(path: Path, data: bytes) -> None:
