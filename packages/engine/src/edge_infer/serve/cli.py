@@ -91,7 +91,7 @@ def serve_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         with os.fdopen(fd, "w") as f:
             f.write(r.profile.chat.template)
         cmd += ["--chat-template", path]
-    env = {**os.environ, **vllm_env(r.profile, args.threads), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {**os.environ, **vllm_env(r.profile, args.threads, in_process=True)}
     # The key travels in the environment, never in argv. vLLM's own check reads VLLM_API_KEY
     # (it guards /v1 only); ours reads EDGE_INFER_API_KEY and guards the rest too.
     key = api_key(args)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from edge_infer import profiles
 from edge_infer.errors import EdgeInferError
-from edge_infer.home import home
 from edge_infer.models.pull import pull
 from edge_infer.models.registry import DEFAULT_MODEL, REGISTRY
+from edge_infer.quant.builds import cached_checkpoint
 
 
 @dataclass(frozen=True)
@@ -22,18 +22,7 @@ class Resolved:
 
 def default_build(name: str, profile: profiles.Profile) -> Path:
     """The profile's default 4-bit build of a registry model, built once and cached."""
-    cfg = profile.quant
-    zp = "-zp" if cfg.zero_point else ""
-    head = "-head" if cfg.quantize_lm_head else ""
-    out = home() / "checkpoints" / f"{name}-{cfg.scheme}-g{cfg.group_size}{zp}{head}"
-    if not (out / "config.json").is_file():
-        # imported here: torch takes seconds to import, and `edge-infer --help` or a serve
-        # of an already-built checkpoint never needs it in this process
-        from edge_infer.quant.checkpoint import quantize_checkpoint
-
-        hf = pull(name).hf_dir
-        quantize_checkpoint(hf, out, cfg, overwrite=True)
-    return out
+    return cached_checkpoint(name, profile.quant)
 
 
 def resolve(model: str | None, profile_arg: str | None = None) -> Resolved:
