@@ -9,51 +9,28 @@ or from the device), what it cost (size_bytes, export_s), what is needed to go f
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import time
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from edge_infer.kernels.cpu import fingerprint
+from edge_infer.api import append as append_jsonl
+from edge_infer.api import fingerprint, git_state, latest, utc_now, versions
+from edge_infer.api import read as read_jsonl
 
 PACKAGES = ("torch", "executorch", "torchao", "qai-hub", "transformers", "edge-infer",
             "edge-infer-export")
 SCHEMA = 1
 
 
-def versions() -> dict[str, str | None]:
-    out = {}
-    for name in PACKAGES:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def git_commit(where: Path | None = None) -> str | None:
-    try:
-        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where or Path.cwd(),
-                              capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=where or Path.cwd(), capture_output=True, text=True,
-                               timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
 def stamp(record: dict) -> dict:
-    """Add the provenance fields every record carries."""
+    """Add the provenance fields every record carries (the engine's, in export's shape:
+    every package named with None where missing, the commit with "-dirty" appended)."""
+    installed = versions(*PACKAGES)
+    commit, dirty = git_state()
     record.setdefault("schema", SCHEMA)
-    record["versions"] = versions()
+    record["versions"] = {name: installed.get(name) for name in PACKAGES}
     record["machine"] = fingerprint()
-    record["git_commit"] = git_commit()
-    record["created"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    record["git_commit"] = None if commit is None else commit + ("-dirty" if dirty else "")
+    record["created"] = utc_now()
     return record
 
 
@@ -69,15 +46,11 @@ def _clean(value):
 
 
 def append(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(_clean(record), sort_keys=True) + "\n")
+    append_jsonl(path, _clean(record))
 
 
 def load(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path, what="export record") if path.is_file() else []
 
 
 def _calibration_label(record: dict) -> str:
@@ -98,13 +71,12 @@ def _fmt_size(n) -> str:
     return "-" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-def latest(records: list[dict]) -> list[dict]:
-    """The newest record per (model, unit, target, calibration samples)."""
-    keyed = {}
-    for r in records:
-        cal = (r.get("calibration") or {}).get("samples")
-        keyed[(r["model"], r["unit"], r["target"], cal, bool(r.get("sink_prefix")))] = r
-    return list(keyed.values())
+def key(record: dict) -> tuple:
+    """What a newer record replaces: same model, unit, target, calibration samples and sink
+    prefix."""
+    cal = (record.get("calibration") or {}).get("samples")
+    return (record["model"], record["unit"], record["target"], cal,
+            bool(record.get("sink_prefix")))
 
 
 AIHUB_ROW = ("| {model} | decoder | aihub | - | - | not run | - | - | needs AI Hub credentials "
@@ -113,7 +85,7 @@ AIHUB_ROW = ("| {model} | decoder | aihub | - | - | not run | - | - | needs AI H
 
 
 def render_markdown(records: list[dict], command: str = "nox -s export") -> str:
-    rows = latest(records)
+    rows = latest(records, key)
     lines = [
         "# Export: SQNR of exported graphs against the float eager reference",
         "",

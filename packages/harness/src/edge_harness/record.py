@@ -5,27 +5,22 @@ one `Record`; printers (report.printers) and the report renderer read only these
 `samples` are the per-repetition throughputs in `unit`; `mean`, `sd` (sample standard
 deviation, n-1, as llama-bench's stdev) and `median` are derived from them.
 
-Records are appended to a JSONL file one line per `os.write` on an `O_APPEND` descriptor and
-fsynced: a run killed at any moment leaves every record it finished whole and parseable.
+Records are appended to a JSONL file by the engine's one record append (edge_infer.api.append:
+one line per write, fsynced): a run killed at any moment leaves every record it finished whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import math
-import os
 import statistics
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 1
+from edge_infer.api import append, read, utc_now
 
-log = logging.getLogger(__name__)
+SCHEMA = 1
 
 
 @dataclass
@@ -78,7 +73,7 @@ class Record:
         self.samples = [float(s) for s in self.samples]
         self.mean, self.sd, self.median = summarize(self.samples)
         if not self.timestamp:
-            self.timestamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self.timestamp = utc_now()
 
     @property
     def key(self) -> tuple:
@@ -106,76 +101,12 @@ def summarize(samples: list[float]) -> tuple[float, float, float]:
 
 def append_record(path: Path, record: Record) -> None:
     """Append one record as one line, atomically with respect to kills and other appenders."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record.to_dict(), sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        end = os.lseek(fd, 0, os.SEEK_END)
-        torn = _torn_tail(fd, end)
-        if torn:  # a line left without its newline by a crash: cut it before appending
-            log.warning("%s: dropping a torn last line (%d bytes) before appending", path, torn)
-            end -= torn
-            os.ftruncate(fd, end)
-        # One write() of the whole line: O_APPEND places it at the end in one step, so a
-        # kill leaves either the whole line or none of it (never half a JSON object).
-        written = os.write(fd, line)
-        if written != len(line):  # only on a full disk: take the fragment back, and say so
-            os.ftruncate(fd, end)
-            raise OSError(f"short write to {path}: {written} of {len(line)} bytes (truncated back)")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _torn_tail(fd: int, end: int) -> int:
-    """Bytes after the last newline of the file (0 when it ends with one, or is empty)."""
-    size = 0
-    while end - size > 0:
-        step = min(4096, end - size)
-        chunk = os.pread(fd, step, end - size - step)
-        cut = chunk.rfind(b"\n")
-        if cut >= 0:
-            return size + step - cut - 1
-        size += step
-    return size
+    append(path, record.to_dict())
 
 
 def read_records(path: Path, kind: str | None = "bench") -> list[Record]:
     """The records of `kind` in a JSONL file (all of them with kind None). A torn last line (a
     crash mid-write: no newline, not JSON) is skipped with a warning; a bad line anywhere else
     is an error."""
-    records = []
-    path = Path(path)
-    text = path.read_text()
-    lines = text.splitlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = Record.from_dict(json.loads(line))
-        except (json.JSONDecodeError, TypeError) as exc:
-            if i == len(lines) and not text.endswith("\n"):
-                log.warning("%s:%d: skipping a torn last line (%s)", path, i, exc)
-                continue
-            raise ValueError(f"{path}:{i}: not a harness record ({exc})") from None
-        if kind is None or record.kind == kind:
-            records.append(record)
-    return records
-
-
-def git_state(cwd: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the working tree we run from; (None, None) outside git."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10
-        )
-        if commit.returncode != 0:
-            return None, None
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, timeout=30,
-        )
-        return commit.stdout.strip(), bool(status.stdout.strip())
-    except (OSError, subprocess.TimeoutExpired):
-        return None, None
+    records = read(path, Record.from_dict, what="harness record")
+    return [r for r in records if kind is None or r.kind == kind]

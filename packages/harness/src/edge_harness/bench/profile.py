@@ -9,14 +9,12 @@ bench results; `render` makes the markdown table that docs/analysis quotes.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.topology import choose_cores
 from edge_harness.runners import get_runner
-from edge_infer.errors import UsageError
-from edge_infer.results import append, context
+from edge_infer.api import UsageError, append, context, latest, read
 
 
 def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, results: Path | None,
@@ -79,14 +77,13 @@ def _group(op: str) -> str:
 
 def render(path: Path) -> str:
     """Markdown: per (model, build), the newest profile's split of one decode step."""
-    recs: dict[tuple, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if r.get("kind") == "profile":
-                recs[(r["model"], r["engine"], r["quant"], r.get("batch", 1))] = r
+    def key(r: dict) -> tuple:
+        return r["model"], r["engine"], r["quant"], r.get("batch", 1)
+
+    recs = latest([r for r in read(path, what="profile record") if r.get("kind") == "profile"], key)
     out = []
-    for (model, engine, quant, batch), r in sorted(recs.items()):
+    for r in sorted(recs, key=key):
+        model, engine, quant, batch = key(r)
         wall_ms = r["wall_s"] / r["tokens"] * 1e3
         groups: dict[str, float] = {}
         for o in r["ops"]:

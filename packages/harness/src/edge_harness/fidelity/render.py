@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from edge_infer.api import latest as newest
+from edge_infer.api import read
 
 
 def latest(path: Path) -> list[dict]:
-    recs: dict[tuple, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if r.get("kind") == "fidelity":
-                recs[(r["model"], r["engine"], r["quant"])] = r
-    return list(recs.values())
+    """The newest fidelity record per (model, engine, quant) in the JSONL file `path`."""
+    recs = [r for r in read(path, what="fidelity record") if r.get("kind") == "fidelity"]
+    return newest(recs, lambda r: (r["model"], r["engine"], r["quant"]))
 
 
 def _fmt_div(divs: list) -> str:
