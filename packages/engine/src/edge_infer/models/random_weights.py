@@ -20,19 +20,17 @@ from tqdm import tqdm
 SHARD_BYTES = 1 << 30
 
 
-def qwen3_tensors(cfg: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+def _decoder_tensors(cfg: dict, embedding: str, attention: list[tuple[str, tuple[int, ...]]]
+                     ) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """A pre-norm decoder's tensors in checkpoint order; `attention` is one layer's
+    self_attn tensors (name, shape), the one part the architectures here do differently."""
     h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    d, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    yield "model.embed_tokens.weight", (v, h)
+    yield embedding, (v, h)
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}"
         yield f"{p}.input_layernorm.weight", (h,)
-        yield f"{p}.self_attn.q_proj.weight", (nq * d, h)
-        yield f"{p}.self_attn.k_proj.weight", (nkv * d, h)
-        yield f"{p}.self_attn.v_proj.weight", (nkv * d, h)
-        yield f"{p}.self_attn.o_proj.weight", (h, nq * d)
-        yield f"{p}.self_attn.q_norm.weight", (d,)
-        yield f"{p}.self_attn.k_norm.weight", (d,)
+        for name, shape in attention:
+            yield f"{p}.self_attn.{name}.weight", shape
         yield f"{p}.post_attention_layernorm.weight", (h,)
         yield f"{p}.mlp.gate_proj.weight", (f, h)
         yield f"{p}.mlp.up_proj.weight", (f, h)
@@ -40,27 +38,29 @@ def qwen3_tensors(cfg: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "model.norm.weight", (h,)
     if not cfg.get("tie_word_embeddings", False):
         yield "lm_head.weight", (v, h)
+
+
+def _heads(cfg: dict) -> tuple[int, int, int, int]:
+    """(hidden, head_dim, query heads, KV heads)."""
+    return (cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"],
+            cfg["num_key_value_heads"])
+
+
+def qwen3_tensors(cfg: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Qwen3's: separate q/k/v/o projections and per-head RMSNorms of q and k."""
+    h, d, nq, nkv = _heads(cfg)
+    attention = [("q_proj", (nq * d, h)), ("k_proj", (nkv * d, h)), ("v_proj", (nkv * d, h)),
+                 ("o_proj", (h, nq * d)), ("q_norm", (d,)), ("k_norm", (d,))]
+    return _decoder_tensors(cfg, "model.embed_tokens.weight", attention)
 
 
 def spark_tensors(cfg: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Spark-X2.5's tensor names: fused q_k_v_proj ([q; k; v] rows), the head-wise gate g_proj
-    (one row per head), out_proj; tied embeddings (no lm_head)."""
-    h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
-    d, nq, nkv = cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    yield "model.embedding.weight", (v, h)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        yield f"{p}.input_layernorm.weight", (h,)
-        yield f"{p}.self_attn.q_k_v_proj.weight", ((nq + 2 * nkv) * d, h)
-        yield f"{p}.self_attn.g_proj.weight", (nq, h)
-        yield f"{p}.self_attn.out_proj.weight", (h, nq * d)
-        yield f"{p}.post_attention_layernorm.weight", (h,)
-        yield f"{p}.mlp.gate_proj.weight", (f, h)
-        yield f"{p}.mlp.up_proj.weight", (f, h)
-        yield f"{p}.mlp.down_proj.weight", (h, f)
-    yield "model.norm.weight", (h,)
-    if not cfg.get("tie_word_embeddings", False):
-        yield "lm_head.weight", (v, h)
+    """Spark-X2.5's: fused q_k_v_proj ([q; k; v] rows), the head-wise gate g_proj (one row per
+    head), out_proj; the embedding is model.embedding."""
+    h, d, nq, nkv = _heads(cfg)
+    attention = [("q_k_v_proj", ((nq + 2 * nkv) * d, h)), ("g_proj", (nq, h)),
+                 ("out_proj", (h, nq * d))]
+    return _decoder_tensors(cfg, "model.embedding.weight", attention)
 
 
 TENSOR_LAYOUTS = {"qwen3": qwen3_tensors, "spark2_5": spark_tensors}
