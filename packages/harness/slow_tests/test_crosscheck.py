@@ -2,21 +2,12 @@
 on the same text and GGUFs: mean KL and same-top within 1% relative (the issue's bar)."""
 
 import json
-import os
-import subprocess
-import sys
 
 
-def test_llama_perplexity_agrees_with_our_numbers(tmp_path):
+def test_llama_perplexity_agrees_with_our_numbers(tmp_path, cli, smollm2):
     results = tmp_path / "crosscheck.jsonl"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pull = subprocess.run([sys.executable, "-m", "edge_infer", "models", "pull", "smollm2-135m"],
-                          capture_output=True, text=True, timeout=1800, env=env)
-    assert pull.returncode == 0, pull.stderr[-2000:]
-    res = subprocess.run(
-        [sys.executable, "-m", "edge_infer", "fidelity", "crosscheck", "-m", "smollm2-135m",
-         "-b", "q4_0", "--corpus", "lee", "--chunks", "4", "--results", str(results)],
-        capture_output=True, text=True, timeout=3600, env=env)
+    res = cli("fidelity", "crosscheck", "-m", smollm2, "-b", "q4_0", "--corpus", "lee",
+              "--chunks", "4", "--results", str(results), timeout=3600)
     print(res.stdout)
     assert results.is_file(), res.stderr[-3000:]
     (rec,) = [json.loads(line) for line in results.read_text().splitlines()]

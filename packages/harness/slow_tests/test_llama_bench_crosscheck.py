@@ -3,22 +3,13 @@ smallest model, tiny sizes. Structure only: speed is a benchmark, so the ratio a
 are recorded and printed, never asserted."""
 
 import json
-import os
-import subprocess
-import sys
 
 
-def test_llama_bench_runs_beside_our_runner(tmp_path):
+def test_llama_bench_runs_beside_our_runner(tmp_path, cli, smollm2):
     results = tmp_path / "bench.jsonl"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pull = subprocess.run([sys.executable, "-m", "edge_infer", "models", "pull", "smollm2-135m"],
-                          capture_output=True, text=True, timeout=1800, env=env)
-    assert pull.returncode == 0, pull.stderr[-2000:]
-    res = subprocess.run(
-        [sys.executable, "-m", "edge_infer", "bench", "crosscheck", "-m", "smollm2-135m",
-         "-q", "q4_0", "-p", "32", "-n", "8", "-r", "2", "-t", "1", "--wait", "120",
-         "--lock-wait", "600", "--results", str(results)],
-        capture_output=True, text=True, timeout=3600, env=env)
+    res = cli("bench", "crosscheck", "-m", smollm2, "-q", "q4_0", "-p", "32", "-n", "8", "-r", "2",
+              "-t", "1", "--wait", "120", "--lock-wait", "600", "--results", str(results),
+              timeout=3600)
     print(res.stdout)
     assert res.returncode == 0, res.stderr[-3000:]
     records = [json.loads(line) for line in results.read_text().splitlines()]
