@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edge_infer.errors import UsageError
+from edge_infer.api import UsageError
 
 # exp(-64) ~ 1.6e-28: a masked key weighs nothing in fp32 even when its raw score is 30 above
 # the row's best, while the range of `scores + mask` stays ~100 wide (16-bit step ~0.002).

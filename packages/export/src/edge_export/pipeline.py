@@ -29,8 +29,7 @@ from edge_export.decoder import (
 )
 from edge_export.sqnr import sqnr_db
 from edge_export.targets import GROUP_SIZE, SQNR_TARGETS, TARGETS, Target, preflight
-from edge_infer.corpus import OTHER, token_windows
-from edge_infer.errors import EdgeInferError, UsageError
+from edge_infer.api import OTHER_CORPUS, EdgeInferError, UsageError, token_windows
 
 log = logging.getLogger("edge_export")
 
@@ -55,7 +54,7 @@ class Request:
 
     @property
     def eval_corpus(self) -> str:
-        return OTHER[self.calibration_corpus]
+        return OTHER_CORPUS[self.calibration_corpus]
 
 
 @dataclass
@@ -71,7 +70,7 @@ def load_model(spec: str) -> Loaded:
     """MODEL is a folder (HF layout) or a registry name (pulled on first use)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from edge_infer.models.registry import REGISTRY
+    from edge_infer.api import REGISTRY
 
     path = Path(spec)
     source: dict = {}
@@ -82,8 +81,7 @@ def load_model(spec: str) -> Loaded:
             name = path.parent.name
             source = json.loads(manifest.read_text()).get("source", {})
     elif spec in REGISTRY:
-        from edge_infer.models.pull import pull
-        from edge_infer.models.store import is_pulled, model_path
+        from edge_infer.api import is_pulled, model_path, pull
 
         pulled = model_path(spec) if is_pulled(spec) else pull(spec)
         hf_dir, name = pulled.hf_dir, spec

@@ -10,7 +10,7 @@ import importlib
 import logging
 from dataclasses import dataclass
 
-from edge_infer.errors import EdgeInferError, UsageError
+from edge_infer.api import EdgeInferError, UsageError
 
 log = logging.getLogger("edge_export")
 # 8da4w's weights per scale (torchao PerGroup) unless --group-size says otherwise.

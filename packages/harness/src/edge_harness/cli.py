@@ -11,8 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from edge_infer.errors import UsageError
-from edge_infer.results import require_clean
+from edge_infer.api import UsageError, require_clean
 
 DEFAULT_RESULTS = Path("docs/results/bench.jsonl")
 DEFAULT_ENGINES = "ours:w4a16,llama.cpp:q4_k_m"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from edge_infer.errors import EdgeInferError
+from edge_infer.api import EdgeInferError
 
 CONFIGURE_HINT = ("create it with `qai-hub configure --api_token <token>` (the token is in your "
                   "AI Hub account settings)")

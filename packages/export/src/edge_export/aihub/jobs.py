@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_infer.errors import EdgeInferError
+from edge_infer.api import EdgeInferError
 
 DEFAULT_DEVICE = "Samsung Galaxy S24 (Family)"
 DEFAULT_OPTIONS = "--target_runtime qnn_context_binary --quantize_full_type w8a16"

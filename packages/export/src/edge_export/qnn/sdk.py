@@ -16,8 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_infer.errors import EdgeInferError
-from edge_infer.home import home
+from edge_infer.api import EdgeInferError, home
 
 HTP_LIB = "lib/x86_64-linux-clang/libQnnHtp.so"
 _OURS = "no-qnn-sdk"  # the name of our empty stand-in folder

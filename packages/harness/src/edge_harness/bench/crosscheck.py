@@ -31,7 +31,7 @@ from edge_harness.isolation.guard import Guard, Verdict
 from edge_harness.isolation.topology import choose_cores
 from edge_harness.record import Record, summarize
 from edge_harness.runners.llamacpp import LlamaCppRunner
-from edge_infer.errors import EdgeInferError, UsageError
+from edge_infer.api import EdgeInferError, UsageError
 
 KIND = "llama_bench_crosscheck"
 TOLERANCE = 0.05  # medians within ±5%
@@ -175,7 +175,7 @@ def crosscheck(plan: CrosscheckPlan) -> list[Record]:
 
 
 def _versions() -> dict[str, str]:
-    from edge_infer.results import versions
+    from edge_infer.api import versions
 
     return versions("edge-infer", "edge-infer-harness", "llama-cpp-python")
 

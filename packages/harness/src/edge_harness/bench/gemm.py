@@ -4,8 +4,8 @@ fp32 `F.linear`.
 Shapes are the linear layers our engine runs for a model, as vLLM fuses them: qkv_proj
 [(q+2kv) x head_dim, hidden], o_proj [hidden, q x head_dim], gate_up_proj [2 x ffn, hidden],
 down_proj [hidden, ffn]; at M=1 (a decode step) and M=512 (a pp512 prefill). Weights are random
-N(0, 0.02), quantized with `edge_infer.quant.primitives.quantize_w4` at the model's group size
-and prepacked by each kernel (`edge_infer.kernels.w4a16.KERNELS`), exactly as the engine loads
+N(0, 0.02), quantized with `edge_infer.api.quantize_w4` at the model's group size
+and prepacked by each kernel (`edge_infer.api.W4_KERNELS`), exactly as the engine loads
 them.
 
 Per call: GFLOP/s = 2*M*N*K / t; GB/s = bytes of the weights as the kernel holds them (its
@@ -102,12 +102,11 @@ def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float =
     import torch
     import torch.nn.functional as F
 
-    from edge_infer.kernels import w4a16
-    from edge_infer.quant.primitives import quantize_w4
+    from edge_infer.api import W4_KERNELS, quantize_w4
 
     torch.set_num_threads(threads)
     config = json.loads((Path(hf_dir) / "config.json").read_text())
-    names = kernels or [k for k, cls in w4a16.KERNELS.items() if cls.available()]
+    names = kernels or [k for k, cls in W4_KERNELS.items() if cls.available()]
     gen = torch.Generator().manual_seed(0)
     rows = []
     for layer, (n, k) in linear_shapes(config).items():
@@ -116,7 +115,7 @@ def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float =
         # (implementation, quant, activation dtype, weights as held, call(x, weights))
         impls = []
         for name in names:
-            kern = w4a16.KERNELS[name]
+            kern = W4_KERNELS[name]
             if hasattr(kern, "supports") and not kern.supports(n, k, group):
                 continue  # the engine's per-shape dispatch would not pick it either
             for scheme in kern.schemes:
@@ -152,12 +151,11 @@ def region_cost(threads: int, reps: int = 20000, samples: int = 15) -> list[floa
     step of L layers x ~7 kernel calls pays it some 7L times (called in the child)."""
     import torch
 
-    from edge_infer.kernels import ext
+    from edge_infer.api import parallel_region_cost
 
     torch.set_num_threads(threads)
-    lib = ext.load()
-    lib.parallel_region_cost(reps // 10)  # warm the pool
-    return [lib.parallel_region_cost(reps) / reps * 1e6 for _ in range(samples)]
+    parallel_region_cost(reps // 10)  # warm the pool
+    return [parallel_region_cost(reps) / reps * 1e6 for _ in range(samples)]
 
 
 # -- planning side: `edge-infer bench gemm` -------------------------------------------------
@@ -166,7 +164,7 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
     """Measure every model's shapes in one pinned child; one record per (shape, M, impl)."""
     from edge_harness.bench.run import resolve_model
     from edge_harness.isolation.child import Worker
-    from edge_infer import profiles
+    from edge_infer.api import default_config
 
     threads = len(cores)
     # The cost of one parallel region depends on the threads, not the model: measured once.
@@ -185,7 +183,7 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
         say(f"parallel region at {t} thread(s): {rec.median:.2f} us (median of {len(us)})")
     for name in models:
         model = resolve_model(name)
-        group = profiles.load(model.name).quant.group_size
+        group = default_config(model.name).group_size
         what = f"the GEMM microbenchmark of {model.name}"
         verdict = guard.verdict().add(*guard.check_idle(what))
         say(f"gemm: {model.name} shapes, group {group}, {threads} threads on cores {cores}")

@@ -25,8 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from edge_infer.errors import EdgeInferError
-from edge_infer.home import home
+from edge_infer.api import EdgeInferError, home
 
 LLAMA_CPP_PYTHON = "0.3.36"
 # uv.lock's sha256 of that sdist; a test holds the two equal. The harness runs installed (an

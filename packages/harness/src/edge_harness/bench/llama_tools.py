@@ -20,7 +20,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from edge_harness.bench import gguf_build
-from edge_infer.errors import EdgeInferError
+from edge_infer.api import EdgeInferError
 
 LLAMA_BENCH = "llama-bench"
 TOOLS = ("llama-perplexity", LLAMA_BENCH)

@@ -29,11 +29,10 @@ from edge_harness.bench import ceiling as ceiling_mod
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.guard import Guard, check_comparable
 from edge_harness.isolation.topology import choose_cores
-from edge_harness.record import Record, append_record, git_state, read_records
+from edge_harness.record import Record, append_record, read_records
 from edge_harness.runners import get_runner
 from edge_harness.runners.base import Build, ModelRef
-from edge_infer.errors import UsageError
-from edge_infer.kernels.cpu import fingerprint
+from edge_infer.api import UsageError, fingerprint, git_state
 
 OPTION_TYPES = {"threads": int, "prefix_caching": bool, "kv_cache_gib": int, "act_dtype": str,
                 "compiled": bool, "fused": bool}
@@ -75,8 +74,7 @@ def parse_engine(spec: str) -> EngineSpec:
 
 
 def resolve_model(name: str) -> ModelRef:
-    from edge_infer.models.registry import REGISTRY
-    from edge_infer.models.store import model_path
+    from edge_infer.api import REGISTRY, model_path
 
     if name in REGISTRY:
         m = model_path(name)

@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_infer.corpus import corpus_text
-from edge_infer.errors import UsageError
+from edge_infer.api import UsageError, corpus_text
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from edge_infer.errors import UsageError
-from edge_infer.results import require_clean
+from edge_infer.api import UsageError, require_clean
 
 DEFAULT_RESULTS = Path("docs/results/fidelity.jsonl")
 DEFAULT_BUILDS = "ours:w4a16,llama.cpp:q4_k_m,llama.cpp:q4_0"

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from edge_harness.bench.llama_tools import tool_env, tool_path
-from edge_infer.errors import EdgeInferError
+from edge_infer.api import EdgeInferError
 
 TOOL = "llama-perplexity"
 
@@ -73,8 +73,7 @@ def crosscheck(model_name: str, quant: str, corpus: str, chunks: int, n_ctx: int
     from edge_harness.bench.run import parse_engine, resolve_model
     from edge_harness.fidelity.run import FidelityPlan, FidelityRun
     from edge_harness.runners import get_runner
-    from edge_infer.corpus import corpus_text
-    from edge_infer.results import append, context
+    from edge_infer.api import append, context, corpus_text
 
     plan = FidelityPlan(models=[model_name], builds=[parse_engine(f"llama.cpp:{quant}")],
                         corpora=[corpus], chunks=chunks, n_ctx=n_ctx, prompts=0, results=None)

@@ -25,9 +25,7 @@ from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.topology import choose_cores
 from edge_harness.runners import get_runner
 from edge_harness.runners.base import Build, ModelRef
-from edge_infer.errors import UsageError
-from edge_infer.prompts import GREEDY_PROMPTS, first_divergence
-from edge_infer.results import append, context
+from edge_infer.api import GREEDY_PROMPTS, UsageError, append, context, first_divergence
 
 BASE = {"ours": "bf16", "llama.cpp": "f16"}  # each engine's full-precision build
 
@@ -52,7 +50,7 @@ def say(msg: str) -> None:
 
 
 def source_grid(name: str) -> str:
-    from edge_infer.models.registry import REGISTRY
+    from edge_infer.api import REGISTRY
 
     entry = REGISTRY.get(name)
     if entry is None:
@@ -233,7 +231,7 @@ def cached_base(folder: Path, chunks: dict[str, Chunks], key: dict) -> list | No
 
 
 def _cache() -> Path:
-    from edge_infer.home import home
+    from edge_infer.api import home
 
     return home() / "fidelity"
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import psutil
 
 from edge_harness.isolation.topology import SYS_CPU, siblings
-from edge_infer.errors import EdgeInferError
+from edge_infer.api import EdgeInferError
 
 DEFAULT_THRESHOLD = 0.15  # of one core; an idle desktop sits at 0.01-0.05
 DEFAULT_WINDOW = 1.0  # seconds of sampling before each measurement

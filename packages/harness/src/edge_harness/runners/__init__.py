@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from edge_infer.errors import UsageError
+from edge_infer.api import UsageError
 
 
 def runners() -> dict[str, type]:

