@@ -377,7 +377,8 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
     monkeypatch.setattr(profile, "bench_lock", lambda wait: contextlib.nullcontext())
     monkeypatch.setattr(profile, "context", lambda threads: {})
     monkeypatch.setattr(profile, "get_runner", lambda name: SimpleNamespace(
-        accepts=lambda q: True, prepare=lambda m, q: build, child_env=lambda *a: {}))
+        profiler=True, accepts=lambda q: True, prepare=lambda m, q: build, child_env=lambda *a: {}))
+    monkeypatch.setattr(profile, "locate", lambda runner: "ours")
     monkeypatch.setattr(run_mod, "resolve_model", lambda name: model)
     monkeypatch.setattr(ceiling_mod, "measure", lambda cores, gib=1.0, passes=5: {
         "samples_gbs": [10.0, 11.0], "ceiling_gbs": 11.0})

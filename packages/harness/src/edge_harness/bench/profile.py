@@ -13,7 +13,7 @@ from pathlib import Path
 
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.topology import choose_cores
-from edge_harness.runners import get_runner
+from edge_harness.runners import get_runner, locate, runners
 from edge_infer.api import UsageError, append, context, latest, read
 
 
@@ -26,14 +26,16 @@ def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, re
     from edge_harness.bench.run import resolve_model
     from edge_harness.isolation.guard import Guard
 
-    if engine != "ours":
-        raise UsageError("bench profile: only our engine has an op profiler (llama.cpp's graph "
-                         "runs in C; its step time is in bench run's tg)")
     runner = get_runner(engine)
+    if not runner.profiler:
+        having = sorted(n for n, r in runners().items() if r.profiler)
+        raise UsageError(f"bench profile: {engine} has no op profiler (its runner declares "
+                         f"profiler = False; its step time is in bench run's tg); engines with "
+                         f"one: {', '.join(having)}")
     if batch < 1:
         raise UsageError(f"--batch must be at least 1, got {batch}")
     if not runner.accepts(quant):
-        raise UsageError(f"our engine has no quant {quant!r}")
+        raise UsageError(f"{engine} has no quant {quant!r}; it offers {', '.join(runner.quants)}")
     model = resolve_model(model_name)
     cores = choose_cores(cores_arg, threads)
     options = options or {}
@@ -44,7 +46,7 @@ def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, re
         say(f"profile {model.name} {engine}:{quant}: tg{n} x batch {batch} under torch's profiler "
             f"on cores {cores}")
         with Worker(cores, runner.child_env(cores, len(cores), options), label="profile") as w:
-            facts = w.request("load", engine=engine, build=build.to_dict(), threads=len(cores),
+            facts = w.request("load", engine=locate(runner), build=build.to_dict(), threads=len(cores),
                               n_ctx=n + 16)["facts"]
             g = Guard(cores, **(guard or {}))
             what = f"the profile of {model.name} {engine}:{quant}"

@@ -30,7 +30,7 @@ from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.guard import Guard, check_comparable
 from edge_harness.isolation.topology import choose_cores
 from edge_harness.record import Record, append_record, read_records
-from edge_harness.runners import get_runner
+from edge_harness.runners import get_runner, locate
 from edge_harness.runners.base import Build, ModelRef
 from edge_infer.api import UsageError, fingerprint, git_state
 
@@ -57,8 +57,7 @@ def parse_engine(spec: str) -> EngineSpec:
     if not sep or not engine or not quant:
         raise UsageError(f"-e {spec!r}: expected ENGINE:QUANT, e.g. ours:w4a16, llama.cpp:q4_k_m")
     runner = get_runner(engine)
-    accepts = getattr(runner, "accepts", None)
-    if not (accepts(quant) if accepts else quant in runner.quants):
+    if not runner.accepts(quant):
         raise UsageError(f"-e {spec!r}: {engine} offers {', '.join(runner.quants)}")
     options = []
     for item in filter(None, opts.split(",")):
@@ -229,7 +228,7 @@ class Bench:
                     w = Worker(cores, runner.child_env(cores, t, b.options),
                                label=f"{model.name}-{b.label}")
                     workers.append(w)
-                    facts = w.request("load", engine=b.engine, build=b.to_dict(),
+                    facts = w.request("load", engine=locate(runner), build=b.to_dict(),
                                       threads=t, n_ctx=n_ctx)["facts"]
                     reported[b.label] = facts
                     check_comparable(reported)

@@ -31,8 +31,16 @@ from edge_harness.runners.llamacpp import LlamaCppRunner
 class LlamaBenchRunner:
     name = LLAMA_BENCH
     quants = LlamaCppRunner.quants
+    # a separate binary that prints timings only: no logits to score (fidelity refuses it;
+    # score llama.cpp:QUANT, the same GGUF) and no per-op profile
+    full_precision = None
+    profiler = False
 
     # -- planning side -------------------------------------------------------------------
+    @classmethod
+    def accepts(cls, quant: str) -> bool:
+        return quant in cls.quants
+
     @classmethod
     def prepare(cls, model: ModelRef, quant: str) -> Build:
         build = LlamaCppRunner.prepare(model, quant)  # the same GGUF as the llama.cpp runner

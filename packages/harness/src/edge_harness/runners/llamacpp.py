@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from edge_harness.bench import gguf_build
@@ -33,8 +34,20 @@ FLASH_ATTN = 1  # LLAMA_FLASH_ATTN_TYPE_ENABLED
 class LlamaCppRunner:
     name = "llama.cpp"
     quants = ("bf16", "f16", "q4_k_m", "q4_0", "original")
+    full_precision = "f16"  # as llama-perplexity's --kl-divergence-base is usually made
+    profiler = False  # its graph runs in C: its step time is in bench run's tg
 
     # -- planning side -------------------------------------------------------------------
+    @classmethod
+    def accepts(cls, quant: str) -> bool:
+        return quant in cls.quants
+
+    @classmethod
+    def tokenize(cls, model: ModelRef, text: str) -> tuple[list[int], int | None]:
+        """llama.cpp's tokenizer of the model's full-precision GGUF, as llama-perplexity -f
+        tokenizes (add_special on, special tokens not parsed)."""
+        return tokenize_gguf(Path(cls.prepare(model, cls.full_precision).path), text)
+
     @classmethod
     def prepare(cls, model: ModelRef, quant: str) -> Build:
         if quant == "original":  # the published GGUF the model was pulled from
@@ -186,6 +199,21 @@ class LlamaCppRunner:
         if getattr(self, "model", None):
             lc.llama_model_free(self.model)
             self.model = None
+
+
+def tokenize_gguf(gguf: Path, text: str) -> tuple[list[int], int | None]:
+    """(ids, bos or None) with llama.cpp's tokenizer of `gguf`, as llama-perplexity does."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
+        bos = llama_cpp.llama_vocab_bos(vocab) if add_bos else None
+        ids = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+    finally:
+        llm.close()
+    return ids, bos
 
 
 def _system_info(lc) -> str:

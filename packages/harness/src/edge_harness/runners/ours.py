@@ -35,6 +35,7 @@ from typing import Any
 
 from edge_harness.bench.weights import hf_build_facts, source_params
 from edge_harness.runners.base import Build, ModelRef, random_ids
+from edge_harness.runners.llamacpp import LlamaCppRunner
 from edge_infer.api import (
     GROUPS,
     SCHEMES,
@@ -54,18 +55,24 @@ class OursRunner:
     # "-g32|-g64|-g128" (group size; default: the model's profile) and "-zp" (zero points),
     # in the order scheme[-gN][-zp][-head], e.g. w4a16-g32-zp.
     quants = ("bf16", *SCHEMES, *(f"{s}-head" for s in SCHEMES))
+    full_precision = "bf16"  # the HF folder itself, run in bf16
+    profiler = True  # torch's profiler sees our kernels as ops (see `profile`)
+
+    # Scored on llama.cpp's ids of the text (what llama-perplexity scores), so that our
+    # numbers and llama.cpp's are over identical tokens; fidelity tokenizes once for both.
+    tokenize = LlamaCppRunner.tokenize
 
     # -- planning side -------------------------------------------------------------------
     @classmethod
     def accepts(cls, quant: str) -> bool:
         try:
-            return quant == "bf16" or bool(parse_quant(quant))
+            return quant == cls.full_precision or bool(parse_quant(quant))
         except ValueError:
             return False
 
     @classmethod
     def prepare(cls, model: ModelRef, quant: str) -> Build:
-        if quant == "bf16":
+        if quant == cls.full_precision:
             path = model.hf_dir
         else:
             path = our_checkpoint(model, quant)

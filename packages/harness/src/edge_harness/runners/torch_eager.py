@@ -3,6 +3,8 @@
 pp: one forward over n random ids on an empty cache with `logits_to_keep=1` (the last
 position's logits only, as llama-bench's pp). tg: n single-token forwards through a
 DynamicCache that starts empty (BOS first, then random ids). Threads: torch.set_num_threads.
+Fidelity: the same forward over the whole chunk for log-probs, and greedy decoding through a
+DynamicCache, on the HF folder's own tokens.
 """
 
 from __future__ import annotations
@@ -19,6 +21,24 @@ DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 class TorchRunner:
     name = "torch"
     quants = tuple(DTYPES)
+    full_precision = "bf16"  # the HF folder as stored (ours' base too); fp32 is scored against it
+    profiler = False
+
+    @classmethod
+    def accepts(cls, quant: str) -> bool:
+        return quant in cls.quants
+
+    @classmethod
+    def tokenize(cls, model: ModelRef, text: str) -> tuple[list[int], int | None]:
+        """The HF folder's own tokenizer, BOS first when it adds one (as llama-perplexity)."""
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model.hf_dir)
+        bos = tok.bos_token_id
+        if bos is None or tok("")["input_ids"][:1] != [bos]:
+            bos = None
+        ids = [int(i) for i in tok(text, add_special_tokens=False)["input_ids"]]
+        return ([bos] if bos is not None else []) + ids, bos
 
     @classmethod
     def prepare(cls, model: ModelRef, quant: str) -> Build:
@@ -74,6 +94,30 @@ class TorchRunner:
                 self.model(input_ids=torch.tensor([[tok]]), past_key_values=cache,
                            use_cache=True, logits_to_keep=1)
             return time.perf_counter() - t0
+
+    # -- fidelity (edge_harness.fidelity) ----------------------------------------------
+    def logprobs(self, ids: list[int], first: int):
+        """log-softmax rows [len(ids) - 1 - first, vocab] from one forward of `ids`."""
+        torch = self.torch
+        with torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([ids]), use_cache=False).logits
+        return torch.log_softmax(logits[0, first:len(ids) - 1].float(), dim=-1)
+
+    def greedy(self, ids: list[int], n: int) -> list[int]:
+        """n argmax tokens after `ids` through a DynamicCache, past any end-of-generation."""
+        from transformers import DynamicCache
+
+        torch = self.torch
+        cache = DynamicCache(config=self.model.config)
+        out: list[int] = []
+        step = list(ids)
+        with torch.inference_mode():
+            while len(out) < n:
+                logits = self.model(input_ids=torch.tensor([step]), past_key_values=cache,
+                                    use_cache=True, logits_to_keep=1).logits
+                out.append(int(logits[0, -1].argmax()))
+                step = out[-1:]
+        return out
 
     def close(self) -> None:
         self.model = None
