@@ -80,8 +80,9 @@ def crosscheck(model_name: str, quant: str, corpus: str, chunks: int, n_ctx: int
     run = FidelityRun(plan)
     (ours,) = run.run()
     model = resolve_model(model_name)
-    base = get_runner("llama.cpp").prepare(model, "f16")
-    test = get_runner("llama.cpp").prepare(model, quant)
+    llama_cpp = get_runner("llama.cpp")
+    base = llama_cpp.prepare(model, llama_cpp.full_precision)
+    test = llama_cpp.prepare(model, quant)
     with tempfile.TemporaryDirectory(prefix="kld-") as tmp:
         tool = run_tool(Path(base.path), Path(test.path), corpus_text(corpus), chunks, n_ctx,
                         run.cores, Path(tmp))

@@ -1,9 +1,12 @@
 """`edge-infer fidelity`: every build against its own engine's full-precision build.
 
-For each model: the corpus chunks (edge_harness.fidelity.chunks) and the chat-formatted greedy
-prompts are made once, as token ids, and fed to every build. Per engine, its base build (ours:
-bf16, llama.cpp: F16) runs first in a pinned child and keeps its log-prob rows on disk; then
-each build of that engine runs in its own child and is scored against them. One record per
+For each model: the chat-formatted greedy prompts are made once, as token ids, and fed to
+every build; the corpus chunks (edge_harness.fidelity.chunks) are made once per tokenizer, as
+each engine's runner tokenizes, and fed to every build of the engines that share it. Per engine,
+its base build (the runner's `full_precision`: ours bf16, llama.cpp f16) runs first in a pinned
+child and keeps its log-prob rows on disk; then each build of that engine runs in its own child
+and is scored against them. Runners that declare no full-precision build only time (llama-bench)
+and are refused. One record per
 (model, build): greedy exact matches and first divergences, llama-perplexity's statistics over
 all corpora together and per corpus, bits/weight from the files, the grid the weights came from.
 """
@@ -16,18 +19,18 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from edge_harness.bench.run import EngineSpec, resolve_model
+from edge_harness.fidelity import score
 from edge_harness.fidelity.chunks import Chunks, make_chunks
 from edge_harness.fidelity.metrics import KLAccumulator
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.topology import choose_cores
-from edge_harness.runners import get_runner
+from edge_harness.runners import get_runner, locate, runners
 from edge_harness.runners.base import Build, ModelRef
 from edge_infer.api import GREEDY_PROMPTS, UsageError, append, context, first_divergence
-
-BASE = {"ours": "bf16", "llama.cpp": "f16"}  # each engine's full-precision build
 
 
 @dataclass
@@ -87,8 +90,11 @@ class FidelityRun:
         if not p.builds:
             raise UsageError("no builds to score (-b)")
         for spec in p.builds:
-            if spec.engine not in BASE:
-                raise UsageError(f"-b {spec.label}: fidelity supports {', '.join(BASE)}")
+            if get_runner(spec.engine).full_precision is None:
+                scorers = sorted(n for n, r in runners().items() if r.full_precision is not None)
+                raise UsageError(f"-b {spec.label}: {spec.engine} only times pp/tg (its runner "
+                                 f"declares no full_precision build to score against); fidelity "
+                                 f"scores {', '.join(scorers)}")
         with bench_lock(0.0):
             for name in p.models:
                 self.model(resolve_model(name))
@@ -98,43 +104,49 @@ class FidelityRun:
         """A pinned child with `build` loaded, and the facts it reports about the build."""
         runner = get_runner(build.engine)
         w = Worker(self.cores, runner.child_env(self.cores, len(self.cores), {}), label=label)
-        facts = w.request("load", engine=build.engine, build=build.to_dict(),
+        facts = w.request("load", engine=locate(runner), build=build.to_dict(),
                           threads=len(self.cores), n_ctx=n_ctx)["facts"]
         return w, facts
 
     def model(self, model: ModelRef) -> None:
         p = self.plan
         say(f"fidelity {model.name}: preparing builds")
-        lc_f16 = get_runner("llama.cpp").prepare(model, "f16")  # also the tokenizer of the chunks
-        chunks = {c: make_chunks(Path(lc_f16.path), c, p.n_ctx, p.chunks) for c in p.corpora}
         prompts = chat_prompts(model, p.prompts)
         n_ctx = max([p.n_ctx] + [len(ids) + p.n_gen + 1 for ids in prompts])
-        ids_digest = hashlib.sha256(json.dumps(
-            {c: ch.ids for c, ch in chunks.items()}).encode()).hexdigest()[:16]
+        by_tokenizer: dict = {}  # runners that tokenize alike (ours uses llama.cpp's) share chunks
         for engine in dict.fromkeys(s.engine for s in p.builds):
-            base = lc_f16 if engine == "llama.cpp" else get_runner(engine).prepare(model, BASE[engine])
-            folder = _cache() / model.name / f"{engine}-{base.quant}-{ids_digest}"
+            runner = get_runner(engine)
+            if runner.tokenize not in by_tokenizer:
+                by_tokenizer[runner.tokenize] = {
+                    c: make_chunks(partial(runner.tokenize, model), c, p.n_ctx, p.chunks)
+                    for c in p.corpora}
+            chunks = by_tokenizer[runner.tokenize]
+            ids_digest = hashlib.sha256(json.dumps(
+                {c: ch.ids for c, ch in chunks.items()}).encode()).hexdigest()[:16]
+            base = runner.prepare(model, runner.full_precision)
+            folder = _cache() / model.name / f"{base.engine}-{base.quant}-{ids_digest}"
             key = {"build": build_fingerprint(base), "prompts": prompts, "n_gen": p.n_gen}
             base_greedy = cached_base(folder, chunks, key)
+            label = f"{base.engine}:{base.quant}"
             if base_greedy is not None:
-                say(f"fidelity {model.name}: base {engine}:{base.quant} (cached in {folder})")
+                say(f"fidelity {model.name}: base {label} (cached in {folder})")
             else:
-                say(f"fidelity {model.name}: base {engine}:{base.quant}")
+                say(f"fidelity {model.name}: base {label}")
                 (folder / "base.json").unlink(missing_ok=True)  # stale until rewritten below
-                w, _ = self._worker(base, f"{model.name}-{engine}-{base.quant}", n_ctx)
+                w, _ = self._worker(base, f"{model.name}-{base.engine}-{base.quant}", n_ctx)
                 try:
                     for c, ch in chunks.items():
-                        w.request("fidelity", task="base", folder=str(folder), corpus=c,
-                                  chunks=ch.ids, first=ch.first)
-                    base_greedy = (w.request("fidelity", task="greedy", prompts=prompts,
-                                             n=p.n_gen)["result"] if prompts else [])
+                        _on_runner(w, score.write_base, folder=str(folder), corpus=c,
+                                   chunks=ch.ids, first=ch.first)
+                    base_greedy = (_on_runner(w, score.greedy, prompts=prompts, n=p.n_gen)
+                                   if prompts else [])
                 finally:
                     w.close()
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "base.json").write_text(json.dumps({**key, "greedy": base_greedy}))
             for spec in (s for s in p.builds if s.engine == engine):
-                build = get_runner(engine).prepare(model, spec.quant)
-                say(f"fidelity {model.name}: {spec.label} against {engine}:{base.quant}")
+                build = runner.prepare(model, spec.quant)
+                say(f"fidelity {model.name}: {spec.label} against {label}")
                 self.score(model, base, build, folder, chunks, prompts, base_greedy, n_ctx)
 
     def score(self, model, base: Build, build: Build, folder: Path, chunks: dict[str, Chunks],
@@ -146,15 +158,14 @@ class FidelityRun:
             per_corpus = {}
             total = KLAccumulator()
             for c, ch in chunks.items():
-                r = w.request("fidelity", task="compare", folder=str(folder), corpus=c,
-                              chunks=ch.ids, first=ch.first)["result"]
+                r = _on_runner(w, score.compare, folder=str(folder), corpus=c, chunks=ch.ids,
+                               first=ch.first)
                 acc = KLAccumulator()
                 acc.extend(r)
                 total.extend(r)
                 per_corpus[c] = {**acc.summary(), "chunks": len(ch.ids),
                                  "corpus_tokens": ch.total_tokens}
-            greedy = (w.request("fidelity", task="greedy", prompts=prompts, n=p.n_gen)["result"]
-                      if prompts else [])
+            greedy = _on_runner(w, score.greedy, prompts=prompts, n=p.n_gen) if prompts else []
         finally:
             w.close()
         divergences = [first_divergence(a, b) for a, b in zip(base_greedy, greedy, strict=True)]
@@ -215,10 +226,8 @@ def cached_base(folder: Path, chunks: dict[str, Chunks], key: dict) -> list | No
         return None
     if {k: saved.get(k) for k in key} != key:
         return None
-    from edge_harness.fidelity.score import base_path
-
     for c, ch in chunks.items():
-        data, meta = base_path(folder, c)
+        data, meta = score.base_path(folder, c)
         try:
             info = json.loads(meta.read_text())
         except (OSError, ValueError):
@@ -228,6 +237,11 @@ def cached_base(folder: Path, chunks: dict[str, Chunks], key: dict) -> list | No
         if data.stat().st_size != 4 * info["chunks"] * info["rows"] * info["vocab"]:
             return None  # truncated
     return saved.get("greedy")
+
+
+def _on_runner(w: Worker, fn, **kwargs):
+    """fn(runner, **kwargs) in the child, on the build it has loaded."""
+    return w.request("on_runner", fn=f"{fn.__module__}:{fn.__name__}", kwargs=kwargs)["result"]
 
 
 def _cache() -> Path:

@@ -1,6 +1,7 @@
-"""What a pinned child does for fidelity, on the build it has loaded.
+"""What a pinned child does for fidelity, on the build it has loaded (through the worker's
+`on_runner` request, with only the Scorer protocol of runners.base):
 
-- `base`: compute the log-prob rows of every chunk and keep them in a float32 file (as
+- `write_base`: compute the log-prob rows of every chunk and keep them in a float32 file (as
   llama-perplexity's --kl-divergence-base keeps its base logits, but unquantized);
 - `compare`: compute this build's rows chunk by chunk and score them against the base file
   (KLAccumulator), so a test build's logits are never stored;
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,17 +23,12 @@ def base_path(folder: Path, corpus: str) -> tuple[Path, Path]:
     return folder / f"{corpus}.f32", folder / f"{corpus}.json"
 
 
-def in_child(runner, *, task: str, **args: Any) -> Any:
-    if task == "base":
-        return write_base(runner, Path(args["folder"]), args["corpus"], args["chunks"], args["first"])
-    if task == "compare":
-        return compare(runner, Path(args["folder"]), args["corpus"], args["chunks"], args["first"])
-    if task == "greedy":
-        return [runner.greedy(ids, args["n"]) for ids in args["prompts"]]
-    raise ValueError(f"unknown fidelity task {task!r}")
+def greedy(runner, prompts: list[list[int]], n: int) -> list[list[int]]:
+    return [runner.greedy(ids, n) for ids in prompts]
 
 
-def write_base(runner, folder: Path, corpus: str, chunks: list[list[int]], first: int) -> dict:
+def write_base(runner, folder: str | Path, corpus: str, chunks: list[list[int]], first: int) -> dict:
+    folder = Path(folder)  # a string when it comes from the parent's request
     data, meta = base_path(folder, corpus)
     folder.mkdir(parents=True, exist_ok=True)
     rows = len(chunks[0]) - 1 - first
@@ -52,9 +47,10 @@ def write_base(runner, folder: Path, corpus: str, chunks: list[list[int]], first
     return info
 
 
-def compare(runner, folder: Path, corpus: str, chunks: list[list[int]], first: int) -> dict:
+def compare(runner, folder: str | Path, corpus: str, chunks: list[list[int]], first: int) -> dict:
     """Per scored position (all chunks in order): kl, same, nll_base, nll_test as lists; the
     parent pools them across corpora before taking statistics."""
+    folder = Path(folder)
     data, meta = base_path(folder, corpus)
     info = json.loads(meta.read_text())
     if info["chunks"] != len(chunks) or info["first"] != first:

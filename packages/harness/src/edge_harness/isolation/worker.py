@@ -1,7 +1,10 @@
 """The pinned child: `python -m edge_harness.isolation.worker` (started by isolation.child).
 
 It reports the affinity it was born with before importing anything heavy, then serves
-requests: load an engine build, time pp / tg, or call a function (GEMM microbenchmark, tests).
+requests, each through the handler HANDLERS names for its `cmd`: load an engine build, time pp
+/ tg, profile, or call any function, given the loaded runner (`on_runner`: fidelity's work,
+edge_harness.fidelity.score) or not (`call`: GEMM microbenchmark, tests). This file knows the
+runner protocol only (runners.base), never what a caller does with it.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def task_affinities() -> dict[int, list[int]]:
@@ -25,58 +30,105 @@ def task_affinities() -> dict[int, list[int]]:
     return out
 
 
+class Child:
+    """What requests share: the affinity the child was born with and the loaded runner."""
+
+    def __init__(self, born_with: list[int]):
+        self.born_with = born_with
+        self.runner: Any = None
+
+
+Handler = Callable[[Child, dict], dict]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handler(cmd: str) -> Callable[[Handler], Handler]:
+    def register(fn: Handler) -> Handler:
+        HANDLERS[cmd] = fn
+        return fn
+    return register
+
+
+def _function(ref: str) -> Callable:
+    module, fn = ref.split(":")
+    return getattr(importlib.import_module(module), fn)
+
+
+def _loaded(child: Child) -> Any:
+    if child.runner is None:
+        raise ValueError("no build is loaded: send `load` first")
+    return child.runner
+
+
+@handler("affinity")
+def _affinity(child: Child, req: dict) -> dict:
+    return {"affinity": sorted(os.sched_getaffinity(0)), "tasks": task_affinities(),
+            "born_with": child.born_with}
+
+
+@handler("load")
+def _load(child: Child, req: dict) -> dict:
+    from edge_harness.runners import get_runner
+    from edge_harness.runners.base import Build
+
+    child.runner = get_runner(req["engine"])()
+    facts = child.runner.load(Build.from_dict(req["build"]), req["threads"], req["n_ctx"])
+    facts["cores"] = child.born_with
+    facts["thread_cores"] = sorted({c for cs in task_affinities().values() for c in cs})
+    return {"facts": facts}
+
+
+@handler("pp")
+@handler("tg")
+def _time(child: Child, req: dict) -> dict:
+    runner = _loaded(child)
+    seconds = getattr(runner, req["cmd"])(req["n"], req["seed"])
+    return {"seconds": seconds, "wall": getattr(runner, "last_wall", None),
+            "extra": getattr(runner, "last_extra", None)}
+
+
+@handler("profile")  # per-op split of decode steps on the loaded build
+def _profile(child: Child, req: dict) -> dict:
+    runner = _loaded(child)
+    if not runner.profiler:
+        raise ValueError(f"engine {runner.name} has no op profiler")
+    return {"result": runner.profile(req["n"], req["seed"], batch=req.get("batch", 1))}
+
+
+@handler("on_runner")  # fn(runner, **kwargs) on the loaded build (fidelity's log-probs, greedy)
+def _on_runner(child: Child, req: dict) -> dict:
+    return {"result": _function(req["fn"])(_loaded(child), **req["kwargs"])}
+
+
+@handler("call")
+def _call(child: Child, req: dict) -> dict:
+    return {"result": _function(req["fn"])(**req["kwargs"])}
+
+
 def main() -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # anything an engine prints goes to the log, not into the protocol
-    born_with = sorted(os.sched_getaffinity(0))
+    child = Child(sorted(os.sched_getaffinity(0)))
 
     def send(obj: dict) -> None:
         proto.write(json.dumps(obj) + "\n")
         proto.flush()
 
-    send({"ok": True, "pid": os.getpid(), "affinity": born_with})
-    runner = None
+    send({"ok": True, "pid": os.getpid(), "affinity": child.born_with})
     for line in sys.stdin:
         req = json.loads(line)
-        cmd = req.pop("cmd")
-        if cmd == "quit":
+        if req["cmd"] == "quit":
             break
         try:
-            if cmd == "affinity":
-                reply = {"affinity": sorted(os.sched_getaffinity(0)),
-                         "tasks": task_affinities(), "born_with": born_with}
-            elif cmd == "load":
-                from edge_harness.runners import get_runner
-                from edge_harness.runners.base import Build
-
-                runner = get_runner(req["engine"])()
-                facts = runner.load(Build.from_dict(req["build"]), req["threads"], req["n_ctx"])
-                tasks = task_affinities()
-                facts["cores"] = born_with
-                facts["thread_cores"] = sorted({c for cs in tasks.values() for c in cs})
-                reply = {"facts": facts}
-            elif cmd in ("pp", "tg"):
-                seconds = getattr(runner, cmd)(req["n"], req["seed"])
-                reply = {"seconds": seconds, "wall": getattr(runner, "last_wall", None),
-                         "extra": getattr(runner, "last_extra", None)}
-            elif cmd == "profile":  # per-op split of decode steps on the loaded build
-                if not hasattr(runner, "profile"):
-                    raise ValueError(f"engine {req.get('engine', '?')} has no op profiler")
-                reply = {"result": runner.profile(req["n"], req["seed"], batch=req.get("batch", 1))}
-            elif cmd == "fidelity":  # logits / greedy work on the loaded build
-                from edge_harness.fidelity import score
-                reply = {"result": score.in_child(runner, **req)}
-            elif cmd == "call":
-                module, fn = req["fn"].split(":")
-                reply = {"result": getattr(importlib.import_module(module), fn)(**req["kwargs"])}
-            else:
-                raise ValueError(f"unknown command {cmd!r}")
-            send({"ok": True, **reply})
+            fn = HANDLERS.get(req["cmd"])
+            if fn is None:
+                raise ValueError(f"unknown command {req['cmd']!r}; known: {', '.join(HANDLERS)}")
+            send({"ok": True, **fn(child, req)})
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
             send({"ok": False, "error": f"{type(exc).__name__}: {exc}",
                   "traceback": traceback.format_exc()})
-    if runner is not None:
-        runner.close()
+    if child.runner is not None:
+        child.runner.close()
     return 0
 
 
