@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from edge_infer.api import UsageError, require_clean
@@ -266,18 +267,24 @@ def cmd_load(args: argparse.Namespace) -> int:
     return load.run(cores, args.seconds)
 
 
-def cmd_ceiling(args: argparse.Namespace) -> int:
-    from edge_harness.bench import ceiling
+@contextmanager
+def _guarded(args: argparse.Namespace):
+    """(Bench, cores, Guard) for a measurement that is not `bench run`, under the bench lock."""
     from edge_harness.bench.run import Bench, Plan, command_line
     from edge_harness.isolation.child import bench_lock
     from edge_harness.isolation.guard import Guard
     from edge_harness.isolation.topology import choose_cores
 
     cores = choose_cores(args.cores, args.threads)
-    bench = Bench(Plan(models=[], engines=[], results=_out(args),
-                       command=command_line()))
+    bench = Bench(Plan(models=[], engines=[], results=_out(args), command=command_line()))
     with bench_lock(args.lock_wait):
-        guard = Guard(cores, args.threshold, args.window, args.force, args.wait)
+        yield bench, cores, Guard(cores, args.threshold, args.window, args.force, args.wait)
+
+
+def cmd_ceiling(args: argparse.Namespace) -> int:
+    from edge_harness.bench import ceiling
+
+    with _guarded(args) as (bench, cores, guard):
         res, verdict = ceiling.measure_guarded(guard, args.gib, args.passes)
     rec = bench.record(engine="numpy", engine_version=_numpy_version(), model="-", quant="-",
                        test="ceiling", samples=res["samples_gbs"], unit="GB/s",
@@ -297,16 +304,9 @@ def _numpy_version() -> str:
 
 def cmd_gemm(args: argparse.Namespace) -> int:
     from edge_harness.bench import gemm
-    from edge_harness.bench.run import Bench, Plan, command_line, say
-    from edge_harness.isolation.child import bench_lock
-    from edge_harness.isolation.guard import Guard
-    from edge_harness.isolation.topology import choose_cores
+    from edge_harness.bench.run import say
 
-    cores = choose_cores(args.cores, args.threads)
-    bench = Bench(Plan(models=[], engines=[], results=_out(args),
-                       command=command_line()))
-    with bench_lock(args.lock_wait):
-        guard = Guard(cores, args.threshold, args.window, args.force, args.wait)
+    with _guarded(args) as (bench, cores, guard):
         gemm.run(_list(args.model) or ["smollm2-135m"], cores, guard=guard, emit=bench.emit,
                  record=bench.record, min_time=args.min_time, ms=args.m_sizes,
                  kernels=_list([args.kernels]) if args.kernels else None, say=say)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from edge_harness.bench.llama_tools import LLAMA_BENCH as TOOL
 from edge_harness.bench.llama_tools import parse_llama_bench, tool_env, tool_path
-from edge_harness.bench.run import Bench, Plan, resolve_model, say
+from edge_harness.bench.run import Bench, Isolation, Plan, resolve_model, say
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.guard import Guard, Verdict
 from edge_harness.isolation.topology import choose_cores
@@ -38,7 +38,7 @@ TOLERANCE = 0.05  # medians within ±5%
 
 
 @dataclass
-class CrosscheckPlan:
+class CrosscheckPlan(Isolation):
     model: str
     quant: str = "q4_k_m"
     n_prompt: int = 512
@@ -47,13 +47,6 @@ class CrosscheckPlan:
     threads: int | None = None
     cores: str | None = None
     seed: int = 0
-    results: Path | None = Path("docs/results/bench.jsonl")
-    force: bool = False
-    threshold: float = 0.15
-    window: float = 1.0
-    wait: float = 0.0
-    lock_wait: float = 0.0
-    command: str = ""
 
     @property
     def tests(self) -> list[tuple[str, int]]:

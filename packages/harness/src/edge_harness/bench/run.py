@@ -85,8 +85,22 @@ def resolve_model(name: str) -> ModelRef:
                      "not a HF folder")
 
 
+@dataclass(kw_only=True)
+class Isolation:
+    """Where records go and how a measurement is guarded: shared by every guarded command
+    (bench run, crosscheck, ceiling, gemm)."""
+
+    results: Path | None = Path("docs/results/bench.jsonl")
+    force: bool = False
+    threshold: float = 0.15
+    window: float = 1.0
+    wait: float = 0.0
+    lock_wait: float = 0.0
+    command: str = ""
+
+
 @dataclass
-class Plan:
+class Plan(Isolation):
     models: list[str]
     engines: list[EngineSpec]
     n_prompt: list[int] = field(default_factory=lambda: [512])
@@ -97,13 +111,6 @@ class Plan:
     schedule: str = "interleaved"
     seed: int = 0
     ceiling: bool = True
-    results: Path | None = Path("docs/results/bench.jsonl")
-    force: bool = False
-    threshold: float = 0.15
-    window: float = 1.0
-    wait: float = 0.0
-    lock_wait: float = 0.0
-    command: str = ""
 
     @property
     def tests(self) -> list[tuple[str, int]]:
