@@ -20,6 +20,7 @@ START, END = "<!-- headline:start (tools/readme_headline.py) -->", "<!-- headlin
 MODELS = ("qwen3-0.6b-random", "spark-x2.5-1.7b-random")
 OURS = ("ours", "w4a16-head")
 # llama.cpp Q4_K_M as llama-bench itself times it, else (older runs) as our llama.cpp runner does
+TESTS = ("tg128", "pp512")
 THEIRS_BY_PREFERENCE = [(engine, "q4_k_m") for engine in REFERENCE]
 
 
@@ -33,9 +34,14 @@ def newest_pair_run(records: list[dict], model: str) -> list[dict]:
         if r.get("model") == model and not r.get("extra", {}).get("options"):
             runs.setdefault(r["run_id"], []).append(r)
     paired = [rs for rs in runs.values()
-              if OURS in {_key(r) for r in rs} and theirs(rs)
-              and not any(r.get("git_dirty") for r in rs)]
+              if (ref := theirs(rs)) and complete(rs, ref) and not any(r.get("git_dirty") for r in rs)]
     return max(paired, key=lambda rs: max(r["timestamp"] for r in rs), default=[])
+
+
+def complete(run: list[dict], ref: tuple[str, str]) -> bool:
+    """Both engines have both tests: a run the guard stopped halfway does not make a table."""
+    have = {(_key(r), r["test"]) for r in run}
+    return all((k, t) in have for k in (OURS, ref) for t in TESTS)
 
 
 def theirs(run: list[dict]) -> tuple[str, str] | None:
@@ -50,7 +56,7 @@ def table(run: list[dict], model: str) -> str:
     lines = [f"**{model}**, run `{run[0]['run_id']}`:", "",
              f"| test | ours w4a16-head, tok/s | llama.cpp Q4_K_M ({timed_by}), tok/s | ratio |",
              "|---|---:|---:|---:|"]
-    for test in ("tg128", "pp512"):
+    for test in TESTS:
         a, b = by.get((OURS, test)), by.get((ref, test))
         if a and b:
             lines.append(f"| {test} | {cell(a)} | {cell(b)} | **{a['median'] / b['median']:.2f}x** "

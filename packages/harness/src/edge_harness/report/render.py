@@ -16,6 +16,7 @@ from edge_harness.bench.crosscheck import KIND, TOLERANCE
 from edge_harness.bench.crosscheck import table as crosscheck_table
 from edge_harness.record import Record, read_records
 from edge_harness.report.printers import MD_COLUMNS, gemm_gbs, md_row, md_table
+from edge_infer.api import latest as newest_per_key
 
 # Which builds are compared: ours at a quant against llama.cpp at the nearest format.
 PAIRS = (("w4a16", "q4_k_m"), ("w4a16-head", "q4_k_m"), ("w4a8", "q4_k_m"), ("w4a8-head", "q4_k_m"),
@@ -26,10 +27,7 @@ REFERENCE = ("llama-bench", "llama.cpp")
 
 
 def latest(records: list[Record]) -> list[Record]:
-    newest: dict[tuple, Record] = {}
-    for r in records:
-        newest[r.key] = r  # file order is time order: later lines win
-    return list(newest.values())
+    return newest_per_key(records, key=lambda r: r.key)
 
 
 def fill_ceiling(records: list[Record]) -> None:
