@@ -38,11 +38,6 @@ class W4Config:
         if self.scale_dtype not in SCALE_DTYPE_NAMES:
             raise ValueError(f"scale dtype {self.scale_dtype!r}: choose {' or '.join(SCALE_DTYPE_NAMES)}")
 
-    def to_config(self) -> W4Config:
-        """This config. A profile's [quant] table was once its own class with this method; the
-        harness's runners still call it. Remove once they read `profile.quant` directly."""
-        return self
-
     def bits_per_weight(self, n: int, k: int) -> float:
         """Storage bits per weight of one [n, k] linear: codes + scales (+ zero points)."""
         groups = n * (k // self.group_size)
