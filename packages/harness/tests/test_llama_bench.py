@@ -26,6 +26,12 @@ def test_llama_bench_json_is_split_into_pp_and_tg():
     assert out["tg"]["build_commit"] == "abc1234"
 
 
+def test_llama_bench_records_keep_the_model_file_name_only():
+    # llama-bench echoes the path it was given: a record must not carry this machine's paths
+    text = json.dumps([entry(model_filename="/home/someone/.cache/gguf/m-q4_k_m.gguf")])
+    assert llama_tools.parse_llama_bench(text, threads=2)["pp"]["model_filename"] == "m-q4_k_m.gguf"
+
+
 @pytest.mark.parametrize("text, match", [
     ("main: error: failed to load model", "printed no JSON"),
     (json.dumps([entry(n_threads=4)]), "ran 4 threads, asked for 2"),

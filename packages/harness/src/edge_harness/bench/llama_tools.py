@@ -121,6 +121,8 @@ def parse_llama_bench(text: str, threads: int) -> dict[str, dict]:
         if not (isinstance(e.get("avg_ts"), (int, float)) and e["avg_ts"] > 0):
             raise EdgeInferError(f"{LLAMA_BENCH}: {test} has no positive avg_ts: {e.get('avg_ts')!r}")
         out[test] = {k: e[k] for k in KEEP if k in e}
+        if "model_filename" in out[test]:  # the file's name, not where this machine keeps it
+            out[test]["model_filename"] = Path(str(out[test]["model_filename"])).name
     if not out:
         raise EdgeInferError(f"{LLAMA_BENCH} -o json listed no pp or tg test: {text[:200]!r}")
     return out
