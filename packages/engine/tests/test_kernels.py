@@ -376,3 +376,26 @@ def test_avx512_path_is_refused_where_the_cpu_lacks_it(monkeypatch):
         packed["isa"] = isa
         with pytest.raises(RuntimeError, match="lacks AVX-512|lacks AVX512-VNNI"):
             w4a16.EdgeAvx2.forward(torch.randn(1, 128), packed, None)
+
+
+def test_dot_peak_times_each_instruction_the_cpu_has():
+    from edge_infer.api import DOT_PEAK_KINDS, dot_peak
+
+    lib = w4a16.ext.load()
+    needs = {0: ("avx512vnni", "avx512bw"), 1: ("avx512bf16", "avx512bw"), 2: ("avx2", "fma"),
+             3: ("avx2", "fma")}
+    ran = 0
+    for kind in DOT_PEAK_KINDS:
+        if all(lib.cpu_has(f) for f in needs[kind]):
+            short, long = dot_peak(kind, 1000), dot_peak(kind, 200_000)
+            assert 0 < short < long  # the loop is not folded away: more rounds take longer
+            ran += 1
+        else:
+            with pytest.raises(RuntimeError, match="this CPU lacks"):
+                dot_peak(kind, 1000)
+    if not ran:
+        pytest.skip("this CPU has none of the dot instructions dot_peak times")
+    with pytest.raises(RuntimeError, match="kind must be 0-3"):
+        dot_peak(4, 1000)
+    with pytest.raises(RuntimeError, match="iters > 0"):
+        dot_peak(0, 0)

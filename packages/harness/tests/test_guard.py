@@ -314,7 +314,7 @@ VERDICT_FIELDS = ("guard", "guard_foreign_load", "guard_mean_load", "guard_peak_
 
 
 def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
-    """pp/tg, ceiling, parallel_region, gemm and profile records: each says what the guard saw
+    """pp/tg, ceiling, parallel_region, dot_peak, gemm and profile records: each says what the guard saw
     while it was timed (engines, children and the clock faked: nothing is measured)."""
     import contextlib
     from types import SimpleNamespace
@@ -357,7 +357,10 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
 
         def request(self, cmd, **kw):
             if cmd == "call":
-                return {"result": [row] if kw["fn"].endswith(":measure") else [1.0, 1.2]}
+                fn = kw["fn"]
+                if fn.endswith(":dot_peaks"):
+                    return {"result": {"vpdpbusd zmm (int8, AVX512-VNNI)": [100.0, 110.0]}}
+                return {"result": [row] if fn.endswith(":measure") else [1.0, 1.2]}
             return replies[cmd]
 
         def close(self):
@@ -394,7 +397,8 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
     prof = profile.run("fake", "ours", "w4a16", 4, "0", None, None, "test", 0.0,
                        say=lambda s: None, guard={"threshold": 0.15})
     kinds = {r.test: r.to_dict() for r in bench.records} | {"profile": prof}
-    assert set(kinds) == {"ceiling", "tg4", "parallel_region", "gemm_m1_qkv_proj", "profile"}
+    assert set(kinds) == {"ceiling", "tg4", "parallel_region", "dot_peak", "gemm_m1_qkv_proj",
+                          "profile"}
     for kind, rec in kinds.items():
         missing = [f for f in VERDICT_FIELDS if rec.get(f) is None]
         assert not missing, (kind, missing)

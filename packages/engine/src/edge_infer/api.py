@@ -60,12 +60,12 @@ _LAZY = {
 }
 
 __all__ = [
-    "DEFAULT_MODEL", "GREEDY_PROMPTS", "GROUPS", "OTHER_CORPUS", "REGISTRY", "SCHEMES",
+    "DEFAULT_MODEL", "DOT_PEAK_KINDS", "GREEDY_PROMPTS", "GROUPS", "OTHER_CORPUS", "REGISTRY", "SCHEMES",
     "W4_KERNELS", "EdgeInferError", "PulledModel", "UsageError", "W4Config", "__version__",
     "activation_dtype", "append", "cached_checkpoint", "checkpoint_dir", "context",
     "corpus_text", "default_config", "fingerprint", "first_divergence",
     "fused_decode_enabled", "fused_decode_unsupported", "git_state", "home", "is_pulled",
-    "latest", "model_path", "parallel_region_cost", "prompt_logits", "pull", "quantize_w4",
+    "latest", "model_path", "dot_peak", "parallel_region_cost", "prompt_logits", "pull", "quantize_w4",
     "read", "require_clean", "token_windows", "utc_now", "versions", "vllm_env",
 ]
 
@@ -76,6 +76,22 @@ def parallel_region_cost(reps: int) -> float:
     from edge_infer.kernels import ext
 
     return ext.load().parallel_region_cost(reps)
+
+
+# dot_peak's kinds: the instruction and the multiply-accumulates one of them does
+DOT_PEAK_KINDS = {0: ("vpdpbusd zmm (int8, AVX512-VNNI)", 64),
+                  1: ("vdpbf16ps zmm (bf16, AVX512-BF16)", 32),
+                  2: ("vfmadd231ps ymm (fp32, FMA)", 8),
+                  3: ("vpmaddubsw+vpmaddwd ymm (int8, AVX2)", 32)}
+
+
+def dot_peak(kind: int, iters: int) -> float:
+    """Wall seconds for every torch thread to run `iters` rounds of 12 independent chains of
+    one dot instruction (DOT_PEAK_KINDS) on registers: the arithmetic ceiling a compute-bound
+    kernel is held against. Refuses a kind this CPU lacks."""
+    from edge_infer.kernels import ext
+
+    return ext.load().dot_peak(kind, iters)
 
 
 def __getattr__(name: str) -> Any:

@@ -158,6 +158,28 @@ def region_cost(threads: int, reps: int = 20000, samples: int = 15) -> list[floa
     return [parallel_region_cost(reps) / reps * 1e6 for _ in range(samples)]
 
 
+def dot_peaks(threads: int, seconds: float = 0.2, samples: int = 7) -> dict[str, list[float]]:
+    """GMAC/s of each dot instruction this CPU has (edge_infer.api.DOT_PEAK_KINDS), every
+    thread issuing it back to back on registers: the arithmetic ceiling beside the streaming
+    one. Past M=1 a 4-bit kernel is bound by these, not by memory (called in the child)."""
+    import torch
+
+    from edge_infer.api import DOT_PEAK_KINDS, EdgeInferError, dot_peak
+
+    torch.set_num_threads(threads)
+    out: dict[str, list[float]] = {}
+    for kind, (name, macs) in DOT_PEAK_KINDS.items():
+        probe = 200_000  # ~1 ms: long enough that waking the threads is not what is timed
+        try:
+            t = dot_peak(kind, probe)
+        except (RuntimeError, EdgeInferError):  # the CPU lacks it: no record, not a zero
+            continue
+        iters = max(probe, int(probe * seconds / max(t, 1e-9)))
+        per_round = 12 * macs * threads
+        out[name] = [per_round * iters / dot_peak(kind, iters) / 1e9 for _ in range(samples)]
+    return out
+
+
 # -- planning side: `edge-infer bench gemm` -------------------------------------------------
 def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: float = 0.3,
         ms: list[int] | None = None, kernels: list[str] | None = None, say=print) -> None:
@@ -181,6 +203,20 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
                      cores=cores[:t], **verdict.fields(), extra={})
         emit(rec)
         say(f"parallel region at {t} thread(s): {rec.median:.2f} us (median of {len(us)})")
+        what = f"the dot-instruction peaks at {t} thread(s)"
+        verdict = guard.verdict().add(*guard.check_idle(what))
+        with Worker(cores[:t], {"OMP_NUM_THREADS": str(t)}, label="dot-peak") as w:
+            with guard.watch(w.pid) as watch:
+                peaks = w.request("call", fn="edge_harness.bench.gemm:dot_peaks",
+                                  kwargs={"threads": t})["result"]
+        verdict.add(guard.judge(watch.reading, what), watch.reading)
+        for instr, gmacs in peaks.items():
+            short = instr.split(" (")[0].replace(" ", "-")  # e.g. vpdpbusd-zmm: the key
+            rec = record(engine="dot_peak", engine_version=_torch_version(), model="-",
+                         quant=short, test="dot_peak", samples=gmacs, unit="GMAC/s", threads=t,
+                         cores=cores[:t], **verdict.fields(), extra={"instruction": instr})
+            emit(rec)
+            say(f"dot peak at {t} thread(s): {instr} {rec.median:.1f} GMAC/s")
     for name in models:
         model = resolve_model(name)
         group = default_config(model.name).group_size

@@ -180,6 +180,18 @@ def render(results: Path, out: Path) -> str:
                                 [[str(r.threads), ",".join(map(str, r.cores)), f"{r.median:.2f}",
                                   f"{min(r.samples):.2f}", r.guard]
                                  for r in sorted(regions, key=lambda r: r.threads)]))
+    peaks = [r for r in shown if r.test == "dot_peak"]
+    if peaks:
+        parts.append("\n## Arithmetic peak of one dot instruction\n\nEvery thread issues one "
+                     "instruction back to back on registers (12 independent chains, no memory "
+                     "traffic): the compute ceiling that a batched-decode or prefill kernel is "
+                     "held against, as the streaming ceiling is for M=1.\n\n"
+                     + md_table(["instruction", "threads", "cores", "median GMAC/s",
+                                 "min-max", "guard"],
+                                [[str(r.extra.get("instruction", r.quant)), str(r.threads),
+                                  ",".join(map(str, r.cores)), f"{r.median:.1f}",
+                                  f"{min(r.samples):.1f}-{max(r.samples):.1f}", r.guard]
+                                 for r in sorted(peaks, key=lambda r: (r.quant, r.threads))]))
     checks = latest(read_records(results, kind=KIND))
     if checks:
         builds = sorted({r.engine_version for r in checks})

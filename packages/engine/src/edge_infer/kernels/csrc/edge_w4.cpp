@@ -456,9 +456,12 @@ __attribute__((target(EDGE_AVX512))) inline __m128 sum4(__m512 a, __m512 b, __m5
   __m512 acc[R][T];                                                                                   \
   for (int r = 0; r < R; ++r)                                                                         \
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();                                      \
-  /* 128 codes per step: one 64-byte line per row, its low nibbles k..k+63, high k+64..k+127 */       \
+  /* 128 codes per step: one 64-byte line per row, its low nibbles k..k+63, high k+64..k+127. */     \
+  /* The group index is counted, not divided: a 64-bit division per step stalled every fold. */     \
+  const int64_t lines_per_group = w.group >= 128 ? w.group / 128 : 1;                                 \
+  int64_t g0 = 0, line_in_group = 0;                                                                  \
   for (int64_t c = 0; c < w.k / 128; ++c) {                                                           \
-    const int64_t k0 = c * 128, g0 = k0 / w.group;                                                    \
+    const int64_t k0 = c * 128;                                                                       \
     __m512i lo[R], hi[R];                                                                             \
     for (int r = 0; r < R; ++r) {                                                                     \
       const uint8_t* p = w.q + (row + r) * (w.k / 2) + c * 64;                                        \
@@ -482,6 +485,12 @@ __attribute__((target(EDGE_AVX512))) inline __m128 sum4(__m512 a, __m512 b, __m5
                                       _mm512_set1_ps(P[r][t][g0]), acc[r][t]);                        \
         }                                                                                             \
       }                                                                                               \
+    }                                                                                                 \
+    if (GROUP64) {                                                                                    \
+      g0 += 2;                                                                                        \
+    } else if (++line_in_group == lines_per_group) {                                                  \
+      line_in_group = 0;                                                                              \
+      ++g0;                                                                                           \
     }                                                                                                 \
   }                                                                                                   \
   for (int r = 0; r < R; ++r) {                                                                       \
@@ -690,6 +699,10 @@ __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, 
 #define EDGE_BF16_S(R_, I) _mm512_set1_ps(16.f * w.s[(row + (R_)) * w.groups + (I)])
 #define EDGE_BF16_XV(T_, OFF) (__m512bh) _mm512_loadu_si512(reinterpret_cast<const void*>(x + (T_) * xs + (OFF)))
   const int64_t steps = w.k / 128;
+  // groups of 128 or more: which group, and the step within it, counted (a division per step
+  // put a 64-bit idiv on the path of every flush)
+  [[maybe_unused]] const int64_t steps_per_group = G != 32 && G != 64 ? w.group / 128 : 1;
+  [[maybe_unused]] int64_t group_index = 0, step_in_group = 0;
   for (int64_t p = 0; p < steps; ++p) {
     const int64_t k0 = p * 128;
     __m512bh x1[4];  // one token: its four slices in registers for the R rows
@@ -730,15 +743,17 @@ __attribute__((target(EDGE_AVX512_BF16))) void dot_w4a16_bf16(const Weights& w, 
     }
 #undef EDGE_BF16_X
     if constexpr (G != 32 && G != 64) {
-      if (((p + 1) * 128) % w.group == 0) {
+      if (++step_in_group == steps_per_group) {
+        step_in_group = 0;
         for (int r = 0; r < R; ++r) {
-          const __m512 sg = EDGE_BF16_S(r, k0 / w.group);
+          const __m512 sg = EDGE_BF16_S(r, group_index);
           for (int t = 0; t < T; ++t) {
             const __m512 sum = C == 2 ? _mm512_add_ps(h[r][t][0], h[r][t][C - 1]) : h[r][t][0];
             acc[r][t] = _mm512_fmadd_ps(sum, sg, acc[r][t]);
             for (int c = 0; c < C; ++c) h[r][t][c] = zero;
           }
         }
+        ++group_index;
       }
     }
   }
@@ -1457,6 +1472,70 @@ double parallel_region_cost(int64_t reps) {
   return std::chrono::duration<double>(t1 - t0).count();
 }
 
+// The arithmetic ceiling beside the streaming one: how many multiply-accumulates per second
+// one instruction can issue on this CPU, to hold a compute-bound kernel (batched decode,
+// prefill) against. Each thread runs `iters` rounds of 12 independent chains of one
+// instruction on registers (no memory traffic), all threads in one parallel region; returns
+// the wall seconds. kind: 0 `vpdpbusd` zmm (64 u8 x s8 MACs), 1 `vdpbf16ps` zmm (32 bf16
+// MACs), 2 `vfmadd231ps` ymm (8 fp32 MACs), 3 `vpmaddubsw` + `vpmaddwd` ymm (AVX2's int8 dot:
+// 32 MACs per pair).
+#define EDGE_PEAK_LOOP(TYPE, INIT, STEP)                             \
+  TYPE a[12];                                                        \
+  for (int i = 0; i < 12; ++i) a[i] = INIT;                          \
+  for (int64_t n = 0; n < iters; ++n) {                              \
+    for (int i = 0; i < 12; ++i) a[i] = STEP;                        \
+    asm volatile("" : "+v"(w), "+v"(x)); /* not hoisted or folded */ \
+  }                                                                  \
+  for (int i = 1; i < 12; ++i) a[0] = a[0] + a[i];                   \
+  return a[0][0] != 0;
+
+__attribute__((target(EDGE_AVX512_VNNI))) bool peak_vnni(int64_t iters) {
+  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+  EDGE_PEAK_LOOP(__m512i, _mm512_set1_epi32(i), _mm512_dpbusd_epi32(a[i], w, x))
+}
+__attribute__((target(EDGE_AVX512_BF16))) bool peak_bf16(int64_t iters) {
+  __m512bh w = (__m512bh)_mm512_set1_epi16(0x3F80), x = (__m512bh)_mm512_set1_epi16(0x3F80);
+  EDGE_PEAK_LOOP(__m512, _mm512_set1_ps(static_cast<float>(i)), _mm512_dpbf16_ps(a[i], w, x))
+}
+__attribute__((target("avx2,fma"))) bool peak_fma(int64_t iters) {
+  __m256 w = _mm256_set1_ps(1.f), x = _mm256_set1_ps(0.f);
+  EDGE_PEAK_LOOP(__m256, _mm256_set1_ps(static_cast<float>(i)), _mm256_fmadd_ps(a[i], w, x))
+}
+__attribute__((target("avx2,fma"))) bool peak_avx2_int8(int64_t iters) {
+  __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
+  const __m256i ones = _mm256_set1_epi16(1);
+  EDGE_PEAK_LOOP(__m256i, _mm256_set1_epi32(i),
+                 _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones)))
+}
+#undef EDGE_PEAK_LOOP
+
+double dot_peak(int64_t kind, int64_t iters) {
+  TORCH_CHECK(iters > 0, "edge_w4: dot_peak needs iters > 0");
+  bool (*fn)(int64_t) = nullptr;
+  if (kind == 0) {
+    TORCH_CHECK(cpu_has("avx512f") && cpu_has("avx512bw") && cpu_has("avx512vl") && cpu_has("avx512vnni"),
+                "edge_w4: dot_peak kind 0 (vpdpbusd) needs AVX512-VNNI, which this CPU lacks");
+    fn = &peak_vnni;
+  } else if (kind == 1) {
+    TORCH_CHECK(cpu_has("avx512f") && cpu_has("avx512bw") && cpu_has("avx512vl") && cpu_has("avx512bf16"),
+                "edge_w4: dot_peak kind 1 (vdpbf16ps) needs AVX512-BF16, which this CPU lacks");
+    fn = &peak_bf16;
+  } else if (kind == 2 || kind == 3) {
+    TORCH_CHECK(cpu_has("avx2") && cpu_has("fma"), "edge_w4: dot_peak kinds 2-3 need AVX2/FMA, which this CPU lacks");
+    fn = kind == 2 ? &peak_fma : &peak_avx2_int8;
+  } else {
+    TORCH_CHECK(false, "edge_w4: dot_peak kind must be 0-3, got ", kind);
+  }
+  std::atomic<int64_t> sink{0};
+  const int64_t threads = at::get_num_threads();
+  const auto t0 = std::chrono::steady_clock::now();
+  at::parallel_for(0, threads, 1, [&](int64_t a, int64_t b) {
+    for (int64_t t = a; t < b; ++t) sink += fn(iters);
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
 void set_prefetch(int64_t bytes) {
   TORCH_CHECK(bytes >= 0 && bytes <= (int64_t{1} << 20), "edge_w4: prefetch distance out of range");
   g_prefetch = bytes;
@@ -1487,4 +1566,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quantize_act", &quantize_act, "fp32 [M,K] -> int8 codes, block scales, group sums");
   m.def("set_prefetch", &set_prefetch, "software prefetch distance of the GEMV loops, bytes (0: off)");
   m.def("parallel_region_cost", &parallel_region_cost, "seconds for `reps` empty parallel regions");
+  m.def("dot_peak", &dot_peak, "seconds for `iters` rounds of 12 chains of one dot instruction per thread");
 }
