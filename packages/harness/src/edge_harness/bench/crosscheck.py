@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_harness.bench.llama_tools import LLAMA_BENCH as TOOL
-from edge_harness.bench.llama_tools import parse_llama_bench, tool_env, tool_path
+from edge_harness.bench.llama_tools import llama_bench_args, parse_llama_bench, tool_env, tool_path
 from edge_harness.bench.run import Bench, Isolation, Plan, resolve_model, say
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.guard import Guard, Verdict
@@ -56,8 +56,7 @@ class CrosscheckPlan(Isolation):
 def run_llama_bench(binary: Path, gguf: str, plan: CrosscheckPlan, cores: list[int],
                     guard: Guard, what: str) -> tuple[dict[str, dict], tuple[str, object]]:
     """One pinned, watched invocation; (parsed entries, (guard status, reading))."""
-    args = [str(binary), "-m", gguf, "-p", str(plan.n_prompt), "-n", str(plan.n_gen),
-            "-r", "1", "-t", str(len(cores)), "-o", "json"]
+    args = llama_bench_args(binary, gguf, plan.n_prompt, plan.n_gen, len(cores))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(args, stdout=out, stderr=err, env=tool_env(binary),
                                 preexec_fn=lambda: os.sched_setaffinity(0, cores))

@@ -101,6 +101,13 @@ def tool_env(binary: Path) -> dict[str, str]:
             "LD_LIBRARY_PATH": f"{binary.parent}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
 
 
+def llama_bench_args(binary: Path, gguf: str, n_prompt: int, n_gen: int, threads: int) -> list[str]:
+    """One `llama-bench` invocation as we run it: one repetition (`-r 1`: the harness repeats
+    and interleaves), llama-bench's own warm-up and defaults otherwise, JSON out."""
+    return [str(binary), "-m", gguf, "-p", str(n_prompt), "-n", str(n_gen), "-r", "1",
+            "-t", str(threads), "-o", "json"]
+
+
 def parse_llama_bench(text: str, threads: int) -> dict[str, dict]:
     """llama-bench's `-o json` output as {"pp": entry, "tg": entry} (entries trimmed to KEEP);
     refuses output that is not one pp and/or one tg test at `threads` threads."""

@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from edge_harness.bench.gguf_build import LLAMA_CPP_PYTHON
-from edge_harness.bench.llama_tools import LLAMA_BENCH, parse_llama_bench, tool_env, tool_path, tool_version
+from edge_harness.bench.llama_tools import (
+    LLAMA_BENCH,
+    llama_bench_args,
+    parse_llama_bench,
+    tool_env,
+    tool_path,
+    tool_version,
+)
 from edge_harness.runners.base import Build, ModelRef
 from edge_harness.runners.llamacpp import LlamaCppRunner
 
@@ -72,8 +79,7 @@ class LlamaBenchRunner:
 
     def _invoke(self, test: str, n: int) -> float:
         n_prompt, n_gen = (n, 0) if test == "pp" else (0, n)
-        args = [str(self.binary), "-m", self.gguf, "-p", str(n_prompt), "-n", str(n_gen),
-                "-r", "1", "-t", str(self.threads), "-o", "json"]
+        args = llama_bench_args(self.binary, self.gguf, n_prompt, n_gen, self.threads)
         proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(self.binary))
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
