@@ -109,9 +109,11 @@ def test_completion_request_is_greedy_with_stops(monkeypatch):
 
     monkeypatch.setattr(servers.urllib.request, "urlopen", urlopen)
     out = servers.complete(servers.Served("http://x:1", "m-bf16"), "def f():\n", 64,
-                           humaneval.STOP)
+                           humaneval.REQUEST_STOP)
     assert sent["url"] == "http://x:1/v1/completions" and sent["temperature"] == 0.0
-    assert sent["stop"] == list(humaneval.STOP) and sent["prompt"] == "def f():\n"
+    assert sent["stop"] == list(humaneval.REQUEST_STOP) and sent["prompt"] == "def f():\n"
+    assert len(sent["stop"]) <= 4  # the OpenAI API's limit (our server refuses more)
+    assert set(humaneval.REQUEST_STOP) <= set(humaneval.STOP)
     assert out["text"] == "    return 1\n" and out["completion_tokens"] == 4
     assert math.isfinite(out["seconds"])
 

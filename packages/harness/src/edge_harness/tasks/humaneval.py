@@ -21,6 +21,9 @@ N_PROBLEMS = 164
 # The completion API gets the problem's prompt verbatim; generation stops where the function
 # body ends: at a new top-level statement (the Codex paper's stop sequences, plus a fence).
 STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint", "\n```")
+# The OpenAI API takes at most 4 stop sequences (our server's strict check refuses more, HTTP
+# 400): the server stops at these, and `truncate` cuts every completion at the first of STOP.
+REQUEST_STOP = ("\ndef", "\nclass", "\nif", "\n```")
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> di
     with starter as served:
         started = time.monotonic() - t0
         for i, p in enumerate(probs, 1):
-            gen = servers.complete(served, p.prompt, plan.max_tokens, humaneval.STOP)
+            gen = servers.complete(served, p.prompt, plan.max_tokens, humaneval.REQUEST_STOP)
             out = sandbox.run(humaneval.program(p, gen["text"]), plan.limits)
             rows.append({"task_id": p.task_id, "passed": out.passed, "status": out.status,
                          "finish_reason": gen["finish_reason"],
@@ -118,7 +118,7 @@ def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> di
         "problems": n,
         "prompt_format": "/v1/completions, the HumanEval prompt verbatim",
         "decoding": {"temperature": 0.0, "top_p": 1.0, "seed": 0, "max_tokens": plan.max_tokens,
-                     "stop": list(humaneval.STOP)},
+                     "stop": list(humaneval.REQUEST_STOP), "cut_at": list(humaneval.STOP)},
         "sandbox": {**iso.record(), "timeout_s": plan.limits.timeout_s,
                     "memory_bytes": plan.limits.memory_bytes,
                     "file_bytes": plan.limits.file_bytes, "processes": plan.limits.processes},
