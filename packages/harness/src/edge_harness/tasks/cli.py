@@ -89,5 +89,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.results.is_file():
         raise UsageError(f"{args.results}: no such results file (run `edge-infer eval humaneval`)")
     fidelity = args.fidelity or args.results.with_name("fidelity.jsonl")
+    if not fidelity.is_file():
+        fidelity = None
     print(write(args.results, args.out, fidelity, args.command))
     return 0
