@@ -21,6 +21,7 @@ OS_LAYERS = pytest.mark.skipif(
     f"here: user {ISO.user}, missing {list(ISO.missing)}")
 BOTH = pytest.mark.parametrize("guard", [True, pytest.param(False, marks=OS_LAYERS)],
                                ids=["hook+os", "os-only"])
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="the drop to nobody happens only as root")
 
 ADD = "def add(a, b):\n    return a + b\n"
 
@@ -109,6 +110,24 @@ def test_memory_and_file_size_are_limited():
     assert not big.passed and "MemoryError" in big.stderr, big
     huge = sandbox.run("open('f', 'wb').write(b'0' * (8 << 20))\n", Limits(file_bytes=1 << 20))
     assert not huge.passed, huge
+
+
+@ROOT
+def test_without_unshare_root_still_drops_to_nobody(monkeypatch, tmp_path):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.isolation.cache_clear()
+    try:
+        iso = sandbox.isolation()
+        if iso.user != sandbox.UNPRIVILEGED:
+            pytest.skip(f"no Python {sandbox.UNPRIVILEGED} may run here: {list(iso.missing)}")
+        assert iso.drop is not None and not iso.net_namespace
+        assert any("unshare" in m for m in iso.missing)
+        target = tmp_path / "escaped.txt"
+        out = sandbox.run(f"import os\nassert os.getuid() == {iso.drop[0]}\n"
+                          f"open({str(target)!r}, 'w')\n", guard=False)
+        assert "PermissionError" in out.stderr and not target.exists(), out
+    finally:
+        sandbox.isolation.cache_clear()
 
 
 def test_isolation_is_reported():

@@ -66,10 +66,12 @@ class Isolation:
     interpreter: str
     prefix: tuple[str, ...] = ()
     missing: tuple[str, ...] = field(default=())
+    drop: tuple[int, int] | None = None  # (uid, gid) set between fork and exec, when no unshare
 
     def record(self) -> dict:
         d = asdict(self)
         d.pop("prefix")
+        d.pop("drop")
         d["missing"] = list(self.missing)
         return d
 
@@ -119,11 +121,21 @@ print(NONCE)
 '''
 
 
-def _can_run(interpreter: str, prefix: list[str]) -> bool:
-    """Whether `prefix interpreter` starts (as the user the prefix switches to)."""
+def _drop(ids: tuple[int, int] | None):
+    def apply() -> None:
+        if ids is not None:
+            os.setgroups([])
+            os.setgid(ids[1])
+            os.setuid(ids[0])
+
+    return apply
+
+
+def _can_run(interpreter: str, prefix: list[str], drop: tuple[int, int] | None = None) -> bool:
+    """Whether `prefix interpreter` starts (as the user the prefix, or `drop`, switches to)."""
     try:
         proc = subprocess.run([*prefix, interpreter, "-I", "-S", "-c", "pass"], timeout=30,
-                              capture_output=True, cwd="/")
+                              capture_output=True, cwd="/", preexec_fn=_drop(drop))
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0
@@ -140,15 +152,23 @@ def isolation() -> Isolation:
     if os.geteuid() == 0:
         who = pwd.getpwnam(UNPRIVILEGED)
         ids = ["-S", str(who.pw_uid), "-G", str(who.pw_gid)]
+        interps = [i for i in candidates if Path(i).is_file()]
         if unshare:
             prefix = [unshare, "--net", "--pid", "--fork", "--kill-child", *ids]
-            for interp in candidates:
-                if Path(interp).is_file() and _can_run(interp, prefix):
+            for interp in interps:
+                if _can_run(interp, prefix):
                     return Isolation(UNPRIVILEGED, True, True, interp, tuple(prefix))
-            missing.append(f"no Python interpreter that {UNPRIVILEGED} may run "
-                           f"(tried {', '.join(candidates)})")
+            missing.append("unshare --net --pid refused (a container without CAP_SYS_ADMIN?), "
+                           "or nobody may run no Python: no network or PID namespace")
         else:
-            missing.append("unshare (util-linux) is not installed: no namespaces, no user drop")
+            missing.append("unshare (util-linux) is not installed: no network or PID namespace")
+        # still never root: drop to nobody between fork and exec
+        drop = (who.pw_uid, who.pw_gid)
+        for interp in interps:
+            if _can_run(interp, [], drop):
+                return Isolation(UNPRIVILEGED, False, False, interp, (), tuple(missing), drop)
+        missing.append(f"no Python interpreter that {UNPRIVILEGED} may run (tried "
+                       f"{', '.join(candidates)}): programs run as root, the audit hook alone")
         return Isolation("root", False, False, sys.executable, (), tuple(missing))
     user = pwd.getpwuid(os.geteuid()).pw_name
     if unshare:
@@ -179,7 +199,7 @@ def user_processes(uid: int) -> int:
     return n
 
 
-def _limit(limits: Limits, uid: int):
+def _limit(limits: Limits, uid: int, drop: tuple[int, int] | None):
     # RLIMIT_NPROC counts every process of the user, not only the program's: the program gets
     # `limits.processes` more than the user runs now (a CI user may run dozens already)
     nproc = user_processes(uid) + limits.processes
@@ -190,6 +210,7 @@ def _limit(limits: Limits, uid: int):
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        _drop(drop)()
 
     return apply
 
@@ -217,7 +238,7 @@ def run(program: str, limits: Limits = Limits(), guard: bool = True) -> Outcome:
         with open(scratch / "out", "wb") as out, open(scratch / "err", "wb") as err:
             proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err, start_new_session=True,
-                                    preexec_fn=_limit(limits, uid))
+                                    preexec_fn=_limit(limits, uid, iso.drop))
             try:
                 rc = proc.wait(timeout=limits.timeout_s)
                 timed_out = False
