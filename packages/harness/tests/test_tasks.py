@@ -133,3 +133,65 @@ def test_eval_command_is_declared_and_its_help_is_light():
             "print('HEAVY', [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "--max-tokens" in out.stdout and out.stdout.rstrip().endswith("HEAVY []"), out
+
+
+class _FakeOpenAI:
+    """A /v1/models + /v1/completions server answering each HumanEval prompt with `answer(p)`."""
+
+    def __init__(self, answer):
+        import http.server
+        import threading
+
+        by_prompt = {p.prompt: p for p in humaneval.problems()}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _send(self, obj):
+                body = json.dumps(obj).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send({"data": [{"id": "fake"}]})
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                text = answer(by_prompt[req["prompt"]])
+                self._send({"choices": [{"text": text, "finish_reason": "stop"}],
+                            "usage": {"completion_tokens": len(text.split())}})
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+def test_run_scores_attached_servers_and_pairs_flips(tmp_path, edge_home, monkeypatch):
+    from edge_harness.tasks import run as tasks_run
+
+    right = _FakeOpenAI(lambda p: p.canonical_solution + "\n\ndef extra():\n    pass\n")
+    wrong = _FakeOpenAI(lambda p: p.canonical_solution if p.task_id != "HumanEval/1"
+                        else "    return None\n")
+    monkeypatch.setattr(tasks_run, "resolve_model",
+                        lambda name: type("M", (), {"name": name})())
+    results = tmp_path / "tasks.jsonl"
+    plan = tasks_run.TasksPlan(
+        models=["m"], builds=[parse_engine("ours:w4a16"), parse_engine("ours:bf16")], limit=3,
+        attach={"ours:bf16": right.url, "ours:w4a16": wrong.url}, results=results,
+        logs=tmp_path / "logs")
+    try:
+        recs = tasks_run.run(plan)
+    finally:
+        right.server.shutdown()
+        wrong.server.shutdown()
+    assert [r["quant"] for r in recs] == ["bf16", "w4a16"]  # the base first
+    assert [r["passed"] for r in recs] == [3, 2]
+    assert humaneval.flips(tasks_run.passes(recs[0]), tasks_run.passes(recs[1])) == {
+        "lost": ["HumanEval/1"], "gained": []}
+    saved = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [r["pass_at_1"] for r in saved] == [1.0, round(2 / 3, 4)]
+    assert saved[0]["sandbox"]["timeout_s"] == 10.0 and saved[0]["git_commit"]
