@@ -287,6 +287,23 @@ def fidelity(session: nox.Session) -> None:
     session.run("edge-infer", "fidelity", "report", "--results", str(results), env=OFFLINE_ENV)
 
 
+@nox.session(name="eval-tasks", tags=["fidelity", "bench"])
+def eval_tasks(session: nox.Session) -> None:
+    """HumanEval pass@1 of each build of [tasks] in packages/harness/src/edge_harness/plans.toml,
+    each served by its engine's OpenAI server, greedy, code run in our sandbox; appends
+    docs/results/tasks.jsonl and renders docs/analysis/tasks.md beside the fidelity grid. Args go
+    to `edge-infer eval humaneval` (e.g. `-- --limit 20`)."""
+    grid = _grid(PLANS)["tasks"]
+    sync(session, "edge-infer-harness")
+    results = ROOT / "docs" / "results" / "tasks.jsonl"
+    for model, builds in grid.items():
+        session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
+        session.run("edge-infer", "eval", "humaneval", "-m", model, "-b", builds,
+                    "--results", str(results), *session.posargs, env=OFFLINE_ENV)
+    session.run("edge-infer", "eval", "report", "--results", str(results),
+                "--out", str(ROOT / "docs" / "analysis" / "tasks.md"), env=OFFLINE_ENV)
+
+
 @nox.session(name="docs-check", tags=["docs", "test"])
 def docs_check(session: nox.Session) -> None:
     """The generated pages (report.md, profile.md, fidelity.md, export.md, comparison.md) equal
@@ -300,7 +317,8 @@ def fidelity_crosscheck(session: nox.Session) -> None:
     """Our llama.cpp numbers against llama.cpp's own tools (built once from the llama-cpp-python
     sdist, cached), as tests: KL / same-top against `llama-perplexity --kl-divergence` within 1%
     relative; and the real `llama-bench` beside our llama.cpp runner (structure only: speed is
-    recorded, never asserted). `edge-infer fidelity crosscheck --results
+    recorded, never asserted); and `edge-infer eval humaneval` on 5 problems through our server
+    (smollm2-135m, ~90 s). `edge-infer fidelity crosscheck --results
     docs/results/fidelity.jsonl` and `edge-infer bench crosscheck` record them."""
     sync(session, "edge-infer-harness")
     session.run("pytest", "-s", "packages/harness/slow_tests", *session.posargs,
@@ -322,6 +340,9 @@ def docs(session: nox.Session) -> None:
     if (results / "export.jsonl").is_file():
         session.run("python", "-m", "edge_export.records", str(results / "export.jsonl"),
                     str(results / "export.md"), "--command", "nox -s export", env=OFFLINE_ENV)
+    if (results / "tasks.jsonl").is_file():
+        session.run("edge-infer", "eval", "report", "--results", str(results / "tasks.jsonl"),
+                    "--out", str(ROOT / "docs" / "analysis" / "tasks.md"), env=OFFLINE_ENV)
     session.run("python", "-m", "edge_harness.report.comparison", str(results),
                 str(ROOT / "docs" / "engines" / "comparison.md"), env=OFFLINE_ENV)
     session.run("python", "tools/readme_headline.py")

@@ -43,6 +43,10 @@ def regenerate(scratch: Path) -> dict[Path, Path]:
         run([*py, "-m", "edge_export.records", str(scratch / "export.jsonl"),
              str(scratch / "export.md"), "--command", "nox -s export"])
         pairs[RESULTS / "export.md"] = scratch / "export.md"
+    if (scratch / "tasks.jsonl").is_file():
+        run([*py, "-m", "edge_infer", "eval", "report", "--results", str(scratch / "tasks.jsonl"),
+             "--out", str(scratch / "tasks.md")])
+        pairs[ROOT / "docs" / "analysis" / "tasks.md"] = scratch / "tasks.md"
     run([*py, "-m", "edge_harness.report.comparison", str(scratch), str(scratch / "comparison.md")])
     pairs[ROOT / "docs" / "engines" / "comparison.md"] = scratch / "comparison.md"
     return pairs

