@@ -3,6 +3,13 @@ with podman-compose, send 200 completions across them, kill one replica mid-run,
 the clients saw.
 
     python tools/compose_check.py [--requests 200] [--clients 8] [--kill-after 60]
+    python tools/compose_check.py --measure [--record docs/results/scale.jsonl]
+    python tools/compose_check.py --table docs/results/scale.jsonl
+
+--measure times the same total cores two ways instead: two replicas of one core each, then one
+replica of two cores, each under the same concurrent load (completion tokens per second over
+the whole run), and appends one JSON record per layout to --record; --table prints the
+markdown table of docs/scale-out.md from those records.
 
 Passes when every request got an HTTP answer: a completion, or a clean error from HAProxy
 (502/503/504) for a request the killed replica had already started; when every request sent
@@ -27,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +62,7 @@ class Outcome:
     status: int | None = None  # None: no HTTP answer at all
     replica: str | None = None
     error: str = ""
+    tokens: int = 0
 
 
 class Stack:
@@ -92,7 +101,8 @@ def stats(port: int) -> dict[str, dict[str, str]]:
             if row["pxname"] == "replicas" and row["svname"] in REPLICAS}
 
 
-def wait_up(stack: Stack, stats_port: int, timeout: float) -> None:
+def wait_up(stack: Stack, stats_port: int, timeout: float,
+            expect: tuple[str, ...] = REPLICAS) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -102,18 +112,19 @@ def wait_up(stack: Stack, stats_port: int, timeout: float) -> None:
             st = {}
         now = ", ".join(f"{k} {v}" for k, v in sorted(st.items())) or "balancer not answering"
         if now != last:
-            log(f"waiting for both replicas: {now}")
+            log(f"waiting for {', '.join(expect)}: {now}")
             last = now
-        if len(st) == 2 and all(v == "UP" for v in st.values()):
+        if all(st.get(r) == "UP" for r in expect):
             return
         time.sleep(3)
     raise SystemExit(f"compose-check: replicas not UP within {timeout:.0f} s ({last})\n"
-                     + "\n".join(f"--- {s} ---\n{stack.logs(s)}" for s in REPLICAS))
+                     + "\n".join(f"--- {s} ---\n{stack.logs(s)}" for s in expect))
 
 
-def request(base: str, key: str, model: str, i: int) -> Outcome:
+def request(base: str, key: str, model: str, i: int, max_tokens: int = 16) -> Outcome:
     body = json.dumps({"model": model, "prompt": f"Request {i}: the capital of France is",
-                       "max_tokens": 16, "temperature": 0}).encode()
+                       "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True}).encode()  # vLLM's: every answer is max_tokens long
     req = urllib.request.Request(f"{base}/v1/completions", data=body, method="POST", headers={
         "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
     t0 = time.monotonic()
@@ -122,7 +133,8 @@ def request(base: str, key: str, model: str, i: int) -> Outcome:
             data = json.loads(r.read())
             ok = bool(data["choices"][0]["text"] is not None)
             return Outcome(t0, time.monotonic(), r.status if ok else None,
-                           r.headers.get("X-Edge-Replica"))
+                           r.headers.get("X-Edge-Replica"),
+                           tokens=data.get("usage", {}).get("completion_tokens", 0))
     except urllib.error.HTTPError as exc:
         return Outcome(t0, time.monotonic(), exc.code, exc.headers.get("X-Edge-Replica"),
                        exc.read().decode(errors="replace")[:200])
@@ -130,39 +142,39 @@ def request(base: str, key: str, model: str, i: int) -> Outcome:
         return Outcome(t0, time.monotonic(), None, None, f"{type(exc).__name__}: {exc}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--clients", type=int, default=8, help="requests in flight at once (8)")
-    ap.add_argument("--kill-after", type=int, default=60,
-                    help="kill replica-a once this many requests are answered (60)")
-    ap.add_argument("--start-timeout", type=float, default=900,
-                    help="seconds for both replicas to pass HAProxy's health check (900)")
-    args = ap.parse_args(argv)
-    if not 0 < args.kill_after < args.requests:
-        ap.error(f"--kill-after {args.kill_after}: choose 1..{args.requests - 1}")
-
+@contextmanager
+def running(services: tuple[str, ...], start_timeout: float, cpus: dict[str, str] | None = None):
+    """The stack up with `services` (replicas and the balancer), all replicas UP in HAProxy:
+    yields (stack, base URL, key, stats port, model). Always taken down after."""
     key = secrets.token_hex(16)
     port, stats_port = free_port(), free_port()
     env = {**os.environ, "EDGE_INFER_API_KEY": key, "EDGE_INFER_LB_PORT": str(port),
-           "EDGE_INFER_LB_STATS_PORT": str(stats_port)}
+           "EDGE_INFER_LB_STATS_PORT": str(stats_port), **(cpus or {})}
     if "EDGE_INFER_BASE_IMAGE" not in env and subprocess.run(
             ["podman", "image", "exists", LOCAL_BASE]).returncode == 0:
         env["EDGE_INFER_BASE_IMAGE"] = LOCAL_BASE
     stack = Stack(f"edge-infer-check-{secrets.token_hex(3)}", env)
     base = f"http://127.0.0.1:{port}"
+    replicas = tuple(s for s in services if s in REPLICAS)
     try:
         log("building the balancer image (HAProxy from Debian)")
         stack.run("build", "lb")
-        log(f"starting {stack.project}: two replicas (a minute or three) and the balancer")
-        stack.run("up", "-d")
-        wait_up(stack, stats_port, args.start_timeout)
+        log(f"starting {stack.project}: {', '.join(services)} (a replica needs a minute or three)")
+        stack.run("up", "-d", *services)
+        wait_up(stack, stats_port, start_timeout, replicas)
         req = urllib.request.Request(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"})
         with urllib.request.urlopen(req, timeout=30) as r:
             model = json.loads(r.read())["data"][0]["id"]
+        yield stack, base, key, stats_port, model
+    finally:
+        log("taking the stack down")
+        stack.run("down", "-t", "5", check=False, timeout=300)
+
+
+def kill_check(args: argparse.Namespace) -> int:
+    with running((*REPLICAS, "lb"), args.start_timeout) as (stack, base, key, stats_port, model):
         log(f"both replicas UP; {args.requests} completions of {model}, {args.clients} at once; "
             f"replica-a is killed after {args.kill_after} answers")
-
         done = 0
         lock = threading.Lock()
         killed_at: list[float] = []
@@ -181,10 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 
         with ThreadPoolExecutor(args.clients) as pool:
             outcomes = list(pool.map(one, range(args.requests)))
+        time.sleep(3)  # HAProxy's health check (inter 1s, fall 2) marks the dead replica
         after = stats(stats_port)
-    finally:
-        log("taking the stack down")
-        stack.run("down", "-t", "5", check=False, timeout=300)
 
     kill = killed_at[0]
     answered = [o for o in outcomes if o.status == 200]
@@ -221,6 +231,102 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ok: {len(answered)} answered, {len(clean)} clean error(s) for requests replica-a had "
             f"started, both replicas served {served}")
     return 1 if failures else 0
+
+
+# -- threads against replicas at equal total cores ---------------------------------------------
+LAYOUTS = {
+    # name: (services, cpusets, replicas, threads per replica)
+    "replicas": ((*REPLICAS, "lb"), {"EDGE_INFER_CPUS_A": "0", "EDGE_INFER_CPUS_B": "1"}, 2, 1),
+    "threads": (("replica-a", "lb"), {"EDGE_INFER_CPUS_A": "0,1"}, 1, 2),
+}
+
+
+def measure(args: argparse.Namespace) -> int:
+    for layout, (services, cpus, n, threads) in LAYOUTS.items():
+        with running(services, args.start_timeout, cpus) as (_, base, key, _port, model):
+            log(f"{layout}: {n} replica(s) x {threads} thread(s): warm-up, then {args.requests} "
+                f"completions of {args.max_tokens} tokens, {args.clients} at once")
+            with ThreadPoolExecutor(args.clients) as pool:  # warm-up: one request per client
+                list(pool.map(lambda i: request(base, key, model, i, 4), range(args.clients)))
+                t0 = time.monotonic()
+                outs = list(pool.map(lambda i: request(base, key, model, i, args.max_tokens),
+                                     range(args.requests)))
+                seconds = time.monotonic() - t0
+        failed = [o for o in outs if o.status != 200]
+        if failed:
+            raise SystemExit(f"compose-check: {layout}: {len(failed)} request(s) failed, e.g. "
+                             f"{failed[0].status} {failed[0].error!r}")
+        tokens = sum(o.tokens for o in outs)
+        rec = {"kind": "scale_out", "layout": layout, "replicas": n, "threads_per_replica": threads,
+               "total_cores": n * threads, "clients": args.clients, "requests": args.requests,
+               "max_tokens": args.max_tokens, "completion_tokens": tokens,
+               "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 2),
+               "requests_s": round(len(outs) / seconds, 3), "model": model,
+               "cpu_model": cpu_model(), "git_commit": git_commit(),
+               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "command": "python tools/compose_check.py " + " ".join(sys.argv[1:])}
+        print(json.dumps(rec), flush=True)
+        if args.record:
+            with open(args.record, "a") as f:
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+    return 0
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def git_commit() -> str | None:
+    res = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True)
+    return res.stdout.strip() or None
+
+
+def table(path: Path) -> str:
+    """The markdown table of docs/scale-out.md: the newest record of each layout."""
+    newest: dict[tuple, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if rec.get("kind") == "scale_out":
+                newest[(rec["cpu_model"], rec["layout"], rec["clients"])] = rec
+    rows = ["| CPU | layout | replicas x threads | clients | tok/s | requests/s | commit |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in newest.values():
+        rows.append(f"| {r['cpu_model']} | {r['layout']} | {r['replicas']} x {r['threads_per_replica']} "
+                    f"| {r['clients']} | {r['tok_s']:.1f} | {r['requests_s']:.2f} | {r['git_commit']} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--clients", type=int, default=8, help="requests in flight at once (8)")
+    ap.add_argument("--kill-after", type=int, default=60,
+                    help="kill replica-a once this many requests are answered (60)")
+    ap.add_argument("--start-timeout", type=float, default=900,
+                    help="seconds for the replicas to pass HAProxy's health check (900)")
+    ap.add_argument("--measure", action="store_true",
+                    help="time 2 replicas x 1 core against 1 replica x 2 cores (no kill)")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per completion (--measure)")
+    ap.add_argument("--record", type=Path, help="JSONL the --measure records are appended to")
+    ap.add_argument("--table", type=Path, metavar="JSONL", help="print the table of these records")
+    args = ap.parse_args(argv)
+    if args.table:
+        if not args.table.is_file():
+            ap.error(f"--table {args.table}: no such file; make it with --measure --record")
+        sys.stdout.write(table(args.table))
+        return 0
+    if args.requests < 1 or args.clients < 1:
+        ap.error("--requests and --clients: at least 1")
+    if args.measure:
+        return measure(args)
+    if not 0 < args.kill_after < args.requests:
+        ap.error(f"--kill-after {args.kill_after}: choose 1..{args.requests - 1}")
+    return kill_check(args)
 
 
 if __name__ == "__main__":
