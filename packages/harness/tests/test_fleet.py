@@ -92,6 +92,17 @@ def test_bad_plans_are_one_line_errors(kinds, args, message):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("args, models", [
+    (["run"], ["smollm2-135m"]),  # bench run's default model
+    (["run", "-m", "smollm2-135m,qwen3-0.6b-random", "--model=smollm2-135m"],
+     ["smollm2-135m", "qwen3-0.6b-random"]),
+    (["gemm", "-mqwen3-0.6b-random", "-m", "/some/hf-folder"], ["qwen3-0.6b-random"]),
+    (["ceiling", "--gib", "1"], []),
+])
+def test_each_task_pulls_the_registry_models_it_reads(args, models):
+    assert fleet.models_of(args) == models
+
+
 # -- merge: rows by fingerprint, ratios within a machine -------------------------------------
 def _rec(cpu: str, isa: str, engine: str, quant: str, tok_s: float, test: str = "tg128") -> Record:
     return Record(engine=engine, engine_version="v", model="m", quant=quant, test=test,
@@ -169,7 +180,11 @@ def test_fleet_jobs_validate_and_pin_their_cpu_kind(tmp_path):
             assert exprs[fleet.NFD + "AMXTILE"]["values"] == ["true"]
         if kind == "avx2":  # an AVX-512 box has AVX2 too: it must be kept out
             assert exprs[fleet.NFD + "AVX512F"]["operator"] == "DoesNotExist"
-        (bench,) = spec["initContainers"]
+        *pulls, bench = spec["initContainers"]
+        assert [p["args"] for p in pulls] == [["models", "pull", "smollm2-135m"]]
+        home = {e["name"]: e["value"] for e in bench["env"]}["EDGE_INFER_HOME"]
+        for c in (*pulls, bench):  # the pulled model is where the benchmark looks
+            assert home in [m["mountPath"] for m in c["volumeMounts"]]
         assert bench["args"][:2] == ["bench", "run"] and bench["args"][-2] == "--results"
         assert bench["resources"]["requests"] == bench["resources"]["limits"]
         assert spec["containers"][0]["command"] == ["cat", bench["args"][-1]]

@@ -7,7 +7,8 @@ each node of that kind is started with (`ray start --resources '{"cpu-kind-amx":
 unit per node keeps benchmarks on one machine one at a time, as the bench lock does locally.
 On Kubernetes it is a node affinity on NFD's CPU labels (KINDS).
 
-Each task runs `edge-infer bench ACTION ... --results FILE` on its node and sends the records
+Each task pulls the registry models it names (`edge-infer models pull`), then runs
+`edge-infer bench ACTION ... --results FILE` on its node, and sends the records
 back; they carry the node's CPU fingerprint (cpu_model, isa, cpu_flags), as every Record does,
 and `extra.fleet` says which kind was asked for and which node answered. `bench merge` reads
 them back into one table.
@@ -76,6 +77,29 @@ def check_plan(kinds: list[str], bench_args: list[str]) -> None:
                          "records go (--out on this machine)")
 
 
+DEFAULT_MODEL = "smollm2-135m"  # bench run's and gemm's default -m
+
+
+def models_of(bench_args: list[str]) -> list[str]:
+    """The registry models a bench action will read (-m/--model, comma lists, repeated; the
+    action's default when none): each task pulls them first, as a fresh node has none."""
+    from edge_infer.api import REGISTRY
+
+    if bench_args[0] == "ceiling":
+        return []
+    named: list[str] = []
+    args = iter(bench_args[1:])
+    for a in args:
+        if a in ("-m", "--model"):
+            named += next(args, "").split(",")
+        elif a.startswith("--model="):
+            named += a.split("=", 1)[1].split(",")
+        elif a.startswith("-m") and len(a) > 2:
+            named += a[2:].split(",")
+    named = [m.strip() for m in named if m.strip()] or [DEFAULT_MODEL]
+    return [m for m in dict.fromkeys(named) if m in REGISTRY]  # a folder is the node's own
+
+
 # -- one task, on the node Ray chose ---------------------------------------------------------
 def run_task(kind: str, bench_args: list[str], entry: list[str] | None = None) -> dict:
     """Run `edge-infer bench ARGS --results FILE` here; the records, tagged with the kind and
@@ -85,11 +109,14 @@ def run_task(kind: str, bench_args: list[str], entry: list[str] | None = None) -
     entry = entry or [sys.executable, "-m", "edge_infer"]
     with tempfile.TemporaryDirectory(prefix="edge-fleet-") as tmp:
         out = Path(tmp) / "records.jsonl"
-        cmd = [*entry, "bench", *bench_args, "--results", str(out)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            return {**node, "ok": False, "returncode": proc.returncode, "error": "\n".join(tail)}
+        steps = [[*entry, "models", "pull", m] for m in models_of(bench_args)]
+        steps.append([*entry, "bench", *bench_args, "--results", str(out)])
+        for cmd in steps:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+                return {**node, "ok": False, "returncode": proc.returncode,
+                        "error": f"{' '.join(cmd[len(entry):])}: " + "\n".join(tail)}
         records = read_records(out, kind=None) if out.is_file() else []
     dicts = []
     for r in records:
@@ -184,8 +211,8 @@ def _reachable(address: str) -> None:
 
 # -- the same plan as Kubernetes Jobs ---------------------------------------------------------
 def job(kind: str, bench_args: list[str], image: str, cpus: int) -> dict:
-    """A Job measuring on one node of `kind`: an init container runs the benchmark into an
-    emptyDir, then the `records` container prints the records, so
+    """A Job measuring on one node of `kind`: init containers pull the models and run the
+    benchmark into an emptyDir, then the `records` container prints the records, so
     `kubectl logs job/NAME -c records > KIND.jsonl` collects exactly them."""
     k = KINDS[kind]
     match = [{"key": ARCH, "operator": "In", "values": [k.arch]}]
@@ -200,6 +227,13 @@ def job(kind: str, bench_args: list[str], image: str, cpus: int) -> dict:
     resources = {"requests": {"cpu": cpu, "memory": "8Gi"}, "limits": {"cpu": cpu, "memory": "8Gi"}}
     security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     mount = [{"name": "results", "mountPath": "/results"}]
+    # models are pulled into the pod's own EDGE_INFER_HOME first (the image has none), one
+    # init container per model, then the benchmark reads them from there
+    home = [{"name": "EDGE_INFER_HOME", "value": "/edge-home"}]
+    home_mount = [{"name": "edge-home", "mountPath": "/edge-home"}]
+    pulls = [{"name": f"pull-{i}", "image": image, "args": ["models", "pull", m], "env": home,
+              "resources": resources, "securityContext": security, "volumeMounts": home_mount}
+             for i, m in enumerate(models_of(bench_args))]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -214,10 +248,11 @@ def job(kind: str, bench_args: list[str], image: str, cpus: int) -> dict:
                                         "seccompProfile": {"type": "RuntimeDefault"}},
                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                         "nodeSelectorTerms": [{"matchExpressions": match}]}}},
-                    "initContainers": [{
+                    "initContainers": [*pulls, {
                         "name": "bench", "image": image,
-                        "args": ["bench", *bench_args, "--results", results],
-                        "resources": resources, "securityContext": security, "volumeMounts": mount,
+                        "args": ["bench", *bench_args, "--results", results], "env": home,
+                        "resources": resources, "securityContext": security,
+                        "volumeMounts": mount + home_mount,
                     }],
                     "containers": [{
                         "name": "records", "image": image,
@@ -226,7 +261,7 @@ def job(kind: str, bench_args: list[str], image: str, cpus: int) -> dict:
                                       "limits": {"cpu": "100m", "memory": "64Mi"}},
                         "securityContext": security, "volumeMounts": mount,
                     }],
-                    "volumes": [{"name": "results", "emptyDir": {}}],
+                    "volumes": [{"name": "results", "emptyDir": {}}, {"name": "edge-home", "emptyDir": {}}],
                 },
             },
         },
