@@ -107,7 +107,9 @@ def wait_up(stack: Stack, stats_port: int, timeout: float,
     last = ""
     while time.monotonic() < deadline:
         try:
-            st = {k: v["status"] for k, v in stats(stats_port).items()}
+            # HAProxy counts a server UP before its first check: UP with a passed check (L7OK)
+            st = {k: v["status"] if v["check_status"] == "L7OK" else f"{v['status']} (unchecked)"
+                  for k, v in stats(stats_port).items()}
         except OSError:
             st = {}
         now = ", ".join(f"{k} {v}" for k, v in sorted(st.items())) or "balancer not answering"
@@ -173,7 +175,8 @@ def running(services: tuple[str, ...], start_timeout: float, cpus: dict[str, str
 
 def kill_check(args: argparse.Namespace) -> int:
     with running((*REPLICAS, "lb"), args.start_timeout) as (stack, base, key, stats_port, model):
-        log(f"both replicas UP; {args.requests} completions of {model}, {args.clients} at once; "
+        log(f"both replicas UP; {args.requests} completions of {model} ({args.max_tokens} tokens), "
+            f"{args.clients} at once; "
             f"replica-a is killed after {args.kill_after} answers")
         done = 0
         lock = threading.Lock()
@@ -181,7 +184,7 @@ def kill_check(args: argparse.Namespace) -> int:
 
         def one(i: int) -> Outcome:
             nonlocal done
-            out = request(base, key, model, i)
+            out = request(base, key, model, i, args.max_tokens)
             with lock:
                 done += 1
                 if done == args.kill_after and not killed_at:
@@ -311,7 +314,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds for the replicas to pass HAProxy's health check (900)")
     ap.add_argument("--measure", action="store_true",
                     help="time 2 replicas x 1 core against 1 replica x 2 cores (no kill)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per completion (--measure)")
+    ap.add_argument("--max-tokens", type=int, default=64,
+                    help="tokens per completion (64): long enough that the kill finds requests "
+                    "the replica had started")
     ap.add_argument("--record", type=Path, help="JSONL the --measure records are appended to")
     ap.add_argument("--table", type=Path, metavar="JSONL", help="print the table of these records")
     args = ap.parse_args(argv)
