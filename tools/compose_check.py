@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -246,26 +247,32 @@ LAYOUTS = {
 
 def measure(args: argparse.Namespace) -> int:
     for layout, (services, cpus, n, threads) in LAYOUTS.items():
+        samples, tokens = [], 0
         with running(services, args.start_timeout, cpus) as (_, base, key, _port, model):
-            log(f"{layout}: {n} replica(s) x {threads} thread(s): warm-up, then {args.requests} "
-                f"completions of {args.max_tokens} tokens, {args.clients} at once")
+            log(f"{layout}: {n} replica(s) x {threads} thread(s): warm-up, then {args.rounds} "
+                f"round(s) of {args.requests} completions of {args.max_tokens} tokens, "
+                f"{args.clients} at once")
             with ThreadPoolExecutor(args.clients) as pool:  # warm-up: one request per client
                 list(pool.map(lambda i: request(base, key, model, i, 4), range(args.clients)))
-                t0 = time.monotonic()
-                outs = list(pool.map(lambda i: request(base, key, model, i, args.max_tokens),
-                                     range(args.requests)))
-                seconds = time.monotonic() - t0
-        failed = [o for o in outs if o.status != 200]
-        if failed:
-            raise SystemExit(f"compose-check: {layout}: {len(failed)} request(s) failed, e.g. "
-                             f"{failed[0].status} {failed[0].error!r}")
-        tokens = sum(o.tokens for o in outs)
+                for r in range(args.rounds):
+                    t0 = time.monotonic()
+                    outs = list(pool.map(lambda i: request(base, key, model, i, args.max_tokens),
+                                         range(args.requests)))
+                    seconds = time.monotonic() - t0
+                    failed = [o for o in outs if o.status != 200]
+                    if failed:
+                        raise SystemExit(f"compose-check: {layout}: {len(failed)} request(s) failed, "
+                                         f"e.g. {failed[0].status} {failed[0].error!r}")
+                    round_tokens = sum(o.tokens for o in outs)
+                    tokens += round_tokens
+                    samples.append(round(round_tokens / seconds, 2))
+                    log(f"{layout}: round {r + 1}: {samples[-1]:.1f} tok/s")
+        commit, dirty = git_state()
         rec = {"kind": "scale_out", "layout": layout, "replicas": n, "threads_per_replica": threads,
                "total_cores": n * threads, "clients": args.clients, "requests": args.requests,
-               "max_tokens": args.max_tokens, "completion_tokens": tokens,
-               "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 2),
-               "requests_s": round(len(outs) / seconds, 3), "model": model,
-               "cpu_model": cpu_model(), "git_commit": git_commit(),
+               "max_tokens": args.max_tokens, "completion_tokens": tokens, "tok_s": samples,
+               "tok_s_median": statistics.median(samples), "model": model,
+               "cpu_model": cpu_model(), "git_commit": commit, "git_dirty": dirty,
                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": "python tools/compose_check.py " + " ".join(sys.argv[1:])}
         print(json.dumps(rec), flush=True)
@@ -282,10 +289,12 @@ def cpu_model() -> str:
     return ""
 
 
-def git_commit() -> str | None:
-    res = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True)
-    return res.stdout.strip() or None
+def git_state() -> tuple[str | None, bool | None]:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                            capture_output=True, text=True)
+    return (head or None), (bool(status.stdout.strip()) if status.returncode == 0 else None)
 
 
 def table(path: Path) -> str:
@@ -295,12 +304,15 @@ def table(path: Path) -> str:
         if line.strip():
             rec = json.loads(line)
             if rec.get("kind") == "scale_out":
-                newest[(rec["cpu_model"], rec["layout"], rec["clients"])] = rec
-    rows = ["| CPU | layout | replicas x threads | clients | tok/s | requests/s | commit |",
-            "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+                newest[(rec["cpu_model"], rec["layout"], rec["clients"], rec["max_tokens"])] = rec
+    rows = ["| CPU | layout | replicas x threads | clients | tokens | tok/s median | tok/s per round "
+            "| commit |",
+            "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in newest.values():
+        rounds = ", ".join(f"{x:.1f}" for x in r["tok_s"])
+        commit = f"{r['git_commit']}{' (dirty)' if r['git_dirty'] else ''}"
         rows.append(f"| {r['cpu_model']} | {r['layout']} | {r['replicas']} x {r['threads_per_replica']} "
-                    f"| {r['clients']} | {r['tok_s']:.1f} | {r['requests_s']:.2f} | {r['git_commit']} |")
+                    f"| {r['clients']} | {r['max_tokens']} | {r['tok_s_median']:.1f} | {rounds} | {commit} |")
     return "\n".join(rows) + "\n"
 
 
@@ -317,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64,
                     help="tokens per completion (64): long enough that the kill finds requests "
                     "the replica had started")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per layout (--measure, 3)")
     ap.add_argument("--record", type=Path, help="JSONL the --measure records are appended to")
     ap.add_argument("--table", type=Path, metavar="JSONL", help="print the table of these records")
     args = ap.parse_args(argv)
@@ -325,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--table {args.table}: no such file; make it with --measure --record")
         sys.stdout.write(table(args.table))
         return 0
-    if args.requests < 1 or args.clients < 1:
-        ap.error("--requests and --clients: at least 1")
+    if min(args.requests, args.clients, args.rounds, args.max_tokens) < 1:
+        ap.error("--requests, --clients, --rounds and --max-tokens: at least 1")
     if args.measure:
         return measure(args)
     if not 0 < args.kill_after < args.requests:
