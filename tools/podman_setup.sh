@@ -21,6 +21,9 @@ fi
 need=()
 for tool in podman runc debootstrap; do command -v "$tool" >/dev/null || need+=("$tool"); done
 command -v docker >/dev/null || need+=(podman-docker)  # a `docker` that runs podman
+# container names resolve on a compose network (deploy/compose.yaml: HAProxy finds its
+# replicas by name) only with CNI's dnsname plugin; Debian's podman 4.3 uses CNI
+[ -e /usr/lib/cni/dnsname ] || need+=(golang-github-containernetworking-plugin-dnsname)
 if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive

@@ -1,4 +1,5 @@
-"""`edge-infer bench run | crosscheck | load | ceiling | gemm | report` (entry point of edge_infer.commands).
+"""`edge-infer bench run | crosscheck | load | ceiling | gemm | report | fleet | merge`
+(entry point of edge_infer.commands).
 
 Flags of `bench run` follow llama-bench: -m, -p, -n, -r, -t (comma lists), -o md|csv|json|
 jsonl|sql; engines are ENGINE:QUANT specs (`-e ours:w4a16,llama.cpp:q4_k_m`).
@@ -199,6 +200,45 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--out", type=Path, default=None,
                     help="output folder (default: the results file's folder)")
     rp.set_defaults(func=cmd_report)
+    _add_fleet(bsub)
+
+
+def _add_fleet(bsub: argparse._SubParsersAction) -> None:
+    from edge_harness.bench.fleet import KINDS
+
+    kinds = ", ".join(f"{k} ({v.help})" for k, v in KINDS.items())
+    fl = bsub.add_parser(
+        "fleet", help="one bench plan on several CPU kinds: Ray tasks, or Kubernetes Jobs",
+        description="Run `edge-infer bench ACTION ARGS` once per --kind, as Ray tasks on an "
+        "existing Ray cluster (each node started with the resource cpu-kind-KIND), or write the "
+        "same plan as Kubernetes Jobs with node-feature-discovery labels (--kubernetes). Example: "
+        "edge-infer bench fleet --kind avx2 --kind amx --out fleet/ -- run -m smollm2-135m")
+    fl.add_argument("--kind", action="append", default=[],
+                    help=f"a CPU kind to measure, repeated. Jobs know: {kinds}")
+    fl.add_argument("--out", type=Path, help="folder for KIND.jsonl records (Ray) or the Job "
+                    "manifests (--kubernetes)")
+    fl.add_argument("--address", help="Ray cluster (default RAY_ADDRESS, else the local one)")
+    fl.add_argument("--timeout", type=_positive, default=None,
+                    help="seconds to wait for each task's answer (default: no limit)")
+    fl.add_argument("--kubernetes", action="store_true",
+                    help="write Job manifests to --out instead of submitting to Ray")
+    fl.add_argument("--image", default="edge-infer-harness:latest",
+                    help="the harness image the Jobs run (default edge-infer-harness:latest)")
+    fl.add_argument("--cpus", type=int, default=2,
+                    help="whole cores each Job requests and is limited to (default 2)")
+    fl.add_argument("bench_args", nargs=argparse.REMAINDER, metavar="-- ACTION ARGS",
+                    help="the bench action each task runs: run, ceiling or gemm, with its flags")
+    fl.set_defaults(func=cmd_fleet)
+
+    mg = bsub.add_parser("merge", help="records of many machines in one table, rows by CPU "
+                         "fingerprint, ratios only within a machine")
+    mg.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                    help="JSONL record files, or folders of them (e.g. bench fleet's --out)")
+    mg.add_argument("--baseline", default="llama.cpp:q4_k_m",
+                    help="ENGINE:QUANT the ratios are taken against, on the same machine "
+                    "(default llama.cpp:q4_k_m; '' for none)")
+    mg.add_argument("-o", "--output", choices=("md", "csv"), default="md", help="format (md)")
+    mg.set_defaults(func=cmd_merge)
 
 
 def _print_records(records, fmt: str) -> None:
@@ -356,4 +396,38 @@ def cmd_report(args: argparse.Namespace) -> int:
         (out / "profile.md").write_text(render_profile(prof))
     print(f"wrote {out / 'report.md'} and plots", file=sys.stderr)
     sys.stdout.write("\nOurs / llama.cpp (median tok/s; ratio > 1: ours faster):\n\n" + table)
+    return 0
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from edge_harness.bench import fleet, merge
+    from edge_harness.bench.run import command_line, say
+
+    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    if args.out is None:
+        raise UsageError("bench fleet: --out FOLDER is required (records, or Job manifests)")
+    if args.kubernetes:
+        paths = fleet.write_jobs(args.kind, bench_args, args.out, args.image, args.cpus,
+                                 command_line())
+        say(f"wrote {len(paths)} Job(s) to {args.out}: `kubectl apply -k {args.out}`, then "
+            "`kubectl logs job/edge-infer-bench-KIND -c records > KIND.jsonl` per kind")
+        return 0
+    outcomes = fleet.submit(args.kind, bench_args, args.out, args.address, args.timeout, say=say)
+    answered = [o for o in outcomes if o["ok"] and o["records"]]
+    if answered:
+        sys.stdout.write(merge.markdown(merge.collect([args.out]), None))
+    failed = [o["kind"] for o in outcomes if not o["ok"]]
+    if failed:
+        say(f"bench fleet: {len(failed)} of {len(outcomes)} kind(s) failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from edge_harness.bench import merge
+
+    records = merge.collect(args.paths)
+    baseline = args.baseline or None
+    sys.stdout.write(merge.markdown(records, baseline) if args.output == "md"
+                     else merge.to_csv(records, baseline))
     return 0
