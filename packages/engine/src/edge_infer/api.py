@@ -32,6 +32,7 @@ from edge_infer.results import (
     utc_now,
     versions,
 )
+from edge_infer.serve import process as serve_process  # `edge-infer serve` as a child
 from edge_infer.serve.runtime import vllm_env
 
 if TYPE_CHECKING:
@@ -66,7 +67,8 @@ __all__ = [
     "corpus_text", "default_config", "fingerprint", "first_divergence",
     "fused_decode_enabled", "fused_decode_unsupported", "git_state", "home", "is_pulled",
     "latest", "model_path", "parallel_region_cost", "prompt_logits", "pull", "quantize_w4",
-    "read", "require_clean", "token_windows", "utc_now", "versions", "vllm_env",
+    "read", "require_clean", "serve_process", "token_windows", "utc_now", "versions",
+    "vllm_env",
 ]
 
 
