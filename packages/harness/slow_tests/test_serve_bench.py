@@ -22,7 +22,8 @@ def test_both_servers_answer_every_request_and_the_records_are_written(tmp_path,
         assert x["concurrency"] == 2 and x["num_prompts"] == x["requests"] == 6
         assert x["completed"] == 6 and x["failed"] == 0 and x["errors"] == {}
         assert 8 <= x["output_len"]["min"] <= x["output_len"]["max"] <= 32
-        assert x["total_output_tokens"] >= 6 * 8
+        assert x["short_requests"] == 0  # each answer as long as asked, by the server's count
+        assert x["total_output_tokens"] == x["asked_output_tokens"] >= 6 * 8
         assert r["samples"] == [x["output_tok_s"]] and x["output_tok_s"] > 0
         assert x["requests_s"] > 0 and x["ttft_ms"]["p99"] >= x["ttft_ms"]["p50"] > 0
         assert x["tpot_ms"]["p50"] > 0 and x["warmups"] == 2

@@ -19,8 +19,9 @@ llama-bench's single-stream pp/tg cannot show. Per engine build and concurrency 
    the cores is foreign load;
 4. one record per (build, concurrency) (kind "serve", test "serve_c<C>"): output tok/s as its
    sample, requests/s, TTFT / TPOT / ITL / end-to-end latency (mean, p50, p99, ms), failed
-   requests and each distinct error, with the harness's provenance (CPU, versions, llama.cpp
-   build commit, git commit, cores, threads, the guard's verdict, the command).
+   requests and each distinct error, requests answered with fewer tokens than asked, with
+   the harness's provenance (CPU, versions, llama.cpp build commit, git commit, cores,
+   threads, the guard's verdict, the command).
 Prompt caching is off for the random workload (a repeated warm-up prompt would otherwise be
 served from llama-server's slot cache); `--shared-prefix N` gives every prompt the same N
 leading tokens and turns it on for both servers.
@@ -341,9 +342,10 @@ def _run(servers: list[Server], bench: Bench, cores: list[int], client_cores: li
                 say(f"{model.name} {server.spec.label} c={c}: {rec.median:.2f} output tok/s, "
                     f"{x['requests_s']:.3f} req/s, TTFT p99 {x['ttft_ms'].get('p99', 0):.0f} "
                     f"ms, TPOT p50 {x['tpot_ms'].get('p50', 0):.0f} ms, failed {x['failed']}")
-                if x["failed"] or x["completed"] != x["num_prompts"]:
+                if x["failed"] or x["completed"] != x["num_prompts"] or x["short_requests"]:
                     failures.append(f"{server.spec.label} c={c}: {x['completed']} of "
-                                    f"{x['num_prompts']} answered ({x['errors'] or 'no error'})")
+                                    f"{x['num_prompts']} answered, {x['short_requests']} short of "
+                                    f"the tokens asked ({x['errors'] or 'no error text'})")
 
 
 def measure(bench: Bench, server: Server, client: Worker, client_cores: list[int],
