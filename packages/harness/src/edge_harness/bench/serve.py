@@ -242,10 +242,10 @@ class OursServer(Server):
         env = {}
         if "fused" in opts:
             env["EDGE_INFER_FUSED_DECODE"] = "1" if opts["fused"] else "0"
-        self.facts = {"argv": ["edge-infer", "serve", Path(self.build.path).name, "--threads",
-                               str(self.threads), "--served-model-name", self.model.name],
-                      "profile": settings, "slots": slots, "ctx_per_slot": self.plan.ctx_per_slot,
-                      **({"env": env} if env else {})}
+        self.facts = {"argv": ["edge-infer", "serve", Path(self.build.path).name, "--profile",
+                               profile.name, *args[3:]],
+                      "profile": settings, "act_dtype": activation_dtype("auto"), "slots": slots,
+                      "ctx_per_slot": self.plan.ctx_per_slot, **({"env": env} if env else {})}
         say(f"start edge-infer serve {Path(self.build.path).name} on cores {self.cores} "
             f"({slots} sequences, KV cache {kv} GiB)")
         self.proc, base = serve_process.spawn(args, self.log, env, cores=self.cores)
