@@ -209,7 +209,7 @@ def _grid(path: str) -> dict:
         return tomllib.load(f)
 
 
-PLANS = "packages/harness/src/edge_harness/plans.toml"  # bench-x86 and fidelity
+PLANS = "packages/harness/src/edge_harness/plans.toml"  # bench-x86, bench-serve, fidelity
 EXPORT_RUNS = "packages/export/src/edge_export/runs.toml"
 
 
@@ -237,6 +237,22 @@ def bench_x86(session: nox.Session) -> None:
     session.run("edge-infer", "bench", "gemm", "-m", models, "--m-sizes", "1,2,4,8,16,32,64,512",
                 *_isolation_args(session.posargs),
                 env=OFFLINE_ENV)
+    session.run("edge-infer", "bench", "report", env=OFFLINE_ENV)
+
+
+@nox.session(name="bench-serve", tags=["bench"])
+def bench_serve(session: nox.Session) -> None:
+    """Serving under load: `edge-infer serve` against llama.cpp's llama-server (built from the
+    llama-cpp-python sdist), one server at a time, pinned and guarded, driven by vLLM's own
+    serving client at each concurrency of the runs in [serve] of
+    packages/harness/src/edge_harness/plans.toml; appends docs/results/serve.jsonl, then
+    renders serve.md and serve.png. Args go to `bench serve` (e.g. `-- --wait 600`)."""
+    plan = _grid(PLANS)["serve"]
+    sync(session, "edge-infer-harness")
+    for run in plan["runs"]:
+        session.run("edge-infer", "models", "pull", run["model"], env=OFFLINE_ENV)
+        session.run("edge-infer", "bench", "serve", "-m", run["model"], "-e", plan["engines"],
+                    "-c", run["concurrency"], *session.posargs, env=OFFLINE_ENV)
     session.run("edge-infer", "bench", "report", env=OFFLINE_ENV)
 
 

@@ -35,6 +35,8 @@ def regenerate(scratch: Path) -> dict[Path, Path]:
         pairs[RESULTS / "report.md"] = scratch / "report.md"
         if (scratch / "profile.jsonl").is_file():
             pairs[RESULTS / "profile.md"] = scratch / "profile.md"
+        if (scratch / "serve.jsonl").is_file():
+            pairs[RESULTS / "serve.md"] = scratch / "serve.md"
     if (scratch / "fidelity.jsonl").is_file():
         run([*py, "-m", "edge_infer", "fidelity", "report", "--results",
              str(scratch / "fidelity.jsonl"), "--out", str(scratch / "fidelity.md")])

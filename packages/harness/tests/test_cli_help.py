@@ -9,6 +9,7 @@ import pytest
 
 
 @pytest.mark.parametrize("argv", [["bench", "--help"], ["bench", "run", "--help"],
+                                  ["bench", "serve", "--help"],
                                   ["fidelity", "--help"], ["fidelity", "run", "--help"]],
                          ids=" ".join)
 def test_help_imports_nothing_heavy(argv):

@@ -16,6 +16,8 @@ GRIDS = [(model, BENCH["engines"]) for model in BENCH["models"]]
 GRIDS += [(BENCH["spark"]["model"], BENCH["spark"]["engines"])]
 GRIDS += list(PLANS["fidelity"].items())
 GRIDS += list(PLANS["tasks"].items())
+SERVE = PLANS["serve"]
+GRIDS += [(run["model"], SERVE["engines"]) for run in SERVE["runs"]]
 
 
 @pytest.mark.parametrize(("model", "engines"), GRIDS, ids=[m for m, _ in GRIDS])
@@ -28,7 +30,7 @@ def test_every_planned_build_is_one_bench_run_accepts(model, engines):
 
 
 def test_the_plan_has_what_the_noxfile_reads():
-    assert set(PLANS) == {"bench", "fidelity", "tasks"}
+    assert set(PLANS) == {"bench", "fidelity", "tasks", "serve"}
     assert set(BENCH) == {"models", "engines", "spark"}
     assert set(BENCH["spark"]) == {"model", "engines"}
     assert all(isinstance(v, str) for v in PLANS["fidelity"].values())
@@ -41,3 +43,15 @@ def test_every_task_grid_holds_each_engines_base(model, builds):
     specs = [parse_engine(s) for s in builds.split(",")]
     labels = {f"{s.engine}:{s.quant}" for s in specs}
     assert {base_of(s) for s in specs} <= labels, "flips are paired against these"
+
+
+def test_every_serve_run_is_one_bench_serve_accepts():
+    from edge_harness.bench.serve import ServePlan, check
+    from edge_harness.cli import _ints
+
+    assert set(SERVE) == {"engines", "runs"} and SERVE["runs"]
+    for run in SERVE["runs"]:
+        assert set(run) == {"model", "concurrency"}
+        check(ServePlan(model=run["model"], engines=[parse_engine(s) for s in
+                                                      SERVE["engines"].split(",")],
+                        concurrency=_ints(run["concurrency"])))

@@ -35,6 +35,7 @@ from edge_infer.results import (
 from edge_infer.serve.process import ServeFailed, free_port
 from edge_infer.serve.process import start as serve_start
 from edge_infer.serve.process import stop as serve_stop
+from edge_infer.serve import process as serve_process  # `edge-infer serve` as a child
 from edge_infer.serve.runtime import vllm_env
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ __all__ = [
     "checkpoint_dir", "context", "corpus_text", "default_config", "dot_peak", "fingerprint",
     "first_divergence", "free_port", "fused_decode_enabled", "fused_decode_unsupported",
     "git_state", "home", "is_pulled", "latest", "model_path", "parallel_region_cost",
-    "prompt_logits", "pull", "quantize_w4", "read", "require_clean", "serve_start",
+    "prompt_logits", "pull", "quantize_w4", "read", "require_clean", "serve_process", "serve_start",
     "serve_stop", "token_windows", "utc_now", "versions", "vllm_env",
 ]
 

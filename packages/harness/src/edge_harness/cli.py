@@ -35,6 +35,15 @@ def _ints(text: str) -> list[int]:
             f"expected comma-separated integers, got {text!r}") from None
 
 
+def _range(text: str) -> tuple[int, int]:
+    """'LO:HI' (or one number N for N:N) as a pair of integers."""
+    lo, _, hi = text.partition(":")
+    try:
+        return int(lo), int(hi or lo)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO:HI token counts, got {text!r}") from None
+
+
 def _seconds(text: str, *, zero_ok: bool) -> float:
     """A number of seconds, > 0 (or >= 0 with zero_ok); a bad value is argparse's one-line error."""
     try:
@@ -194,6 +203,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _dirty_flag(pf)
     _guard_flags(pf)
     pf.set_defaults(func=cmd_profile)
+
+    sv = bsub.add_parser("serve", help="our OpenAI server vs llama-server under concurrent load "
+                         "(vllm bench serve's client), pinned, guarded, one server at a time")
+    sv.add_argument("-m", "--model", default="smollm2-135m", help="registry model or HF folder")
+    sv.add_argument("-e", "--engine", action="append", default=[],
+                    help="ENGINE:QUANT per server, comma list (default "
+                    "ours:w4a16-head,llama.cpp:q4_k_m); ours takes @compiled=1, @fused=0")
+    sv.add_argument("-c", "--concurrency", type=_ints, default=[1, 4, 8, 16],
+                    help="requests in flight; each server is started with that many slots "
+                    "(1,4,8,16)")
+    sv.add_argument("--input-len", type=_range, default=(128, 1024),
+                    help="prompt tokens, LO:HI, drawn uniformly (128:1024)")
+    sv.add_argument("--output-len", type=_range, default=(64, 256),
+                    help="output tokens, LO:HI, drawn uniformly, EOS ignored (64:256)")
+    sv.add_argument("--rounds", type=int, default=4,
+                    help="measured requests = ROUNDS x concurrency, after one warm-up request "
+                    "per slot (4)")
+    sv.add_argument("--shared-prefix", type=int, default=0,
+                    help="tokens every prompt starts with; > 0 turns prefix caching on for both "
+                    "servers (0: random prompts, caching off)")
+    sv.add_argument("-t", "--threads", type=int, default=None,
+                    help="threads (default: one per chosen core)")
+    sv.add_argument("--seed", type=int, default=0, help="seed of the prompts and lengths (0)")
+    sv.add_argument("--start-timeout", type=_positive, default=900.0,
+                    help="seconds a server may take to answer /health (900)")
+    sv.add_argument("--results", type=Path, default=DEFAULT_RESULTS.with_name("serve.jsonl"),
+                    help="JSONL records are appended to (default docs/results/serve.jsonl)")
+    sv.add_argument("--no-results", action="store_true", help="append no records")
+    _dirty_flag(sv)
+    _guard_flags(sv)
+    sv.set_defaults(func=cmd_serve)
 
     rp = bsub.add_parser("report", help="markdown tables + PNG plots from the results JSONL")
     rp.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help="bench JSONL to read")
@@ -382,6 +422,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from edge_harness.bench import serve
+    from edge_harness.bench.run import command_line, parse_engine
+    from edge_harness.report.serve import table
+
+    plan = serve.ServePlan(
+        model=args.model,
+        engines=[parse_engine(s) for s in split_engines(args.engine or [serve.DEFAULT_ENGINES])],
+        concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
+        rounds=args.rounds, shared_prefix=args.shared_prefix, threads=args.threads,
+        cores=args.cores, seed=args.seed, start_timeout=args.start_timeout,
+        results=_out(args), force=args.force, threshold=args.threshold, window=args.window,
+        wait=args.wait, lock_wait=args.lock_wait, command=command_line())
+    records = serve.run(plan)
+    sys.stdout.write(table(records))
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from edge_harness.report.render import render
 
@@ -394,6 +452,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         from edge_harness.bench.profile import render as render_profile
 
         (out / "profile.md").write_text(render_profile(prof))
+    served = args.results.with_name("serve.jsonl")
+    if served.is_file():
+        from edge_harness.report.serve import render as render_serve
+
+        render_serve(served, out)
     print(f"wrote {out / 'report.md'} and plots", file=sys.stderr)
     sys.stdout.write("\nOurs / llama.cpp (median tok/s; ratio > 1: ours faster):\n\n" + table)
     return 0

@@ -33,14 +33,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(args: list[str], log: Path | None = None,
-          env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def spawn(args: list[str], log: Path | None = None, env: dict[str, str] | None = None,
+          cores: list[int] | None = None) -> tuple[subprocess.Popen, str]:
     """`edge-infer serve ARGS` on a free port, its output into `log` (or nowhere), the
-    environment plus `env`: the process and its base URL, at once (not waiting for /health)."""
+    environment plus `env`: the process and its base URL, at once (not waiting for /health).
+    `cores`: the server is born pinned to them (a benchmark's cores), so every thread vLLM
+    starts, the engine core's included, stays there."""
     port = free_port()
     cmd = [sys.executable, "-m", "edge_infer", "serve", "--port", str(port), *args]
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
     with open(log, "w") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
                                 start_new_session=True, env={**os.environ, **(env or {})})
     return proc, f"http://127.0.0.1:{port}"
 
@@ -68,10 +71,10 @@ def wait_healthy(proc: subprocess.Popen, base: str, timeout: float,
         time.sleep(2)
 
 
-def start(args: list[str], log: Path, timeout: float,
-          env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start(args: list[str], log: Path, timeout: float, env: dict[str, str] | None = None,
+          cores: list[int] | None = None) -> tuple[subprocess.Popen, str]:
     """`edge-infer serve ARGS` (see spawn), once /health answers (see wait_healthy)."""
-    proc, base = spawn(args, log, env)
+    proc, base = spawn(args, log, env, cores)
     wait_healthy(proc, base, timeout, log)
     return proc, base
 

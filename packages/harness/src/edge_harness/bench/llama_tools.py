@@ -1,6 +1,7 @@
-"""llama.cpp's own command-line tools, `llama-perplexity` and `llama-bench`, built together once
-from the llama-cpp-python sdist we link (its vendored llama.cpp, sha256-checked against
-uv.lock), so they measure the very llama.cpp our runner loads.
+"""llama.cpp's own command-line tools (`llama-perplexity`, `llama-bench`, `llama-server`,
+`llama-batched-bench`), built together once from the llama-cpp-python sdist we link (its
+vendored llama.cpp, sha256-checked against uv.lock), so they measure the very llama.cpp our
+runner loads.
 
 One build makes every tool in TOOLS; a cached tools folder missing one of them (built before
 that tool was added) is built again.
@@ -23,14 +24,20 @@ from edge_harness.bench import gguf_build
 from edge_infer.api import EdgeInferError
 
 LLAMA_BENCH = "llama-bench"
-TOOLS = ("llama-perplexity", LLAMA_BENCH)
+LLAMA_SERVER = "llama-server"
+TOOLS = ("llama-perplexity", LLAMA_BENCH, LLAMA_SERVER, "llama-batched-bench")
 # What a record keeps of each llama-bench JSON entry (the rest is the tool's echo of defaults).
 KEEP = ("build_commit", "build_number", "cpu_info", "backends", "model_filename", "model_type",
         "model_size", "n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn",
         "use_mmap", "n_prompt", "n_gen", "avg_ts", "stddev_ts", "samples_ts", "samples_ns")
 # The build runs without pip's build isolation, on these tools alone (see the file).
 BUILD_REQUIREMENTS = Path(__file__).with_name("llama_build.txt")
-CMAKE_ARGS = "-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF"
+# llama-server offline: without the two UI switches its build downloads a prebuilt web UI and
+# waits on the network (scripts/ui-assets.cmake); with them it builds without an embedded UI.
+# OpenSSL off: the server listens on loopback over plain HTTP, and the build then needs no
+# host libssl headers.
+CMAKE_ARGS = ("-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF "
+              "-DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAVA_BUILD=OFF -DLLAMA_CURL=OFF")
 
 
 def tools_dir() -> Path:

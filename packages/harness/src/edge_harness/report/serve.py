@@ -1,0 +1,156 @@
+"""The serving page: `serve.md` and `serve.png` from `serve.jsonl` (bench/serve.py's records),
+newest record of each (model, build, concurrency). `edge-infer bench report` writes them when
+serve.jsonl sits beside bench.jsonl; `tools/check_docs.py` checks the page is not stale.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edge_harness.record import Record, read_records
+from edge_harness.report.printers import md_table
+from edge_harness.report.render import latest
+
+KIND = "serve"  # bench.serve.KIND (not imported: that module imports the servers' machinery)
+COLUMNS = ["concurrency", "engine", "quant", "output tok/s", "req/s", "TTFT p50 ms",
+           "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "failed", "guard"]
+
+
+def _ms(r: Record, metric: str, stat: str) -> str:
+    v = r.extra.get(f"{metric}_ms", {}).get(stat)
+    return "" if v is None else f"{v:.0f}"
+
+
+def _row(r: Record) -> list[str]:
+    x = r.extra
+    return [str(x["concurrency"]), r.engine, r.quant, f"{r.median:.2f}", f"{x['requests_s']:.3f}",
+            _ms(r, "ttft", "p50"), _ms(r, "ttft", "p99"), _ms(r, "tpot", "p50"),
+            _ms(r, "tpot", "p99"), str(x["failed"]), r.guard]
+
+
+def _order(r: Record) -> tuple:
+    return (r.model, r.extra.get("workload", {}).get("shared_prefix", 0),
+            r.extra["concurrency"], r.engine != "ours", r.quant)
+
+
+def table(records: list[Record]) -> str:
+    """One row per (build, concurrency), then ours / llama.cpp at each concurrency."""
+    rows = sorted(records, key=_order)
+    out = md_table(COLUMNS, [_row(r) for r in rows])
+    ratios = ratio_rows(rows)
+    if ratios:
+        out += "\n" + md_table(["model", "concurrency", "pair", "output tok/s ratio",
+                                "TTFT p99 ratio"], ratios)
+    return out
+
+
+def ratio_rows(records: list[Record]) -> list[list[str]]:
+    """ours / llama.cpp per model, workload and concurrency: output throughput (> 1: ours
+    serves more) and p99 TTFT (< 1: ours answers sooner)."""
+    groups: dict[tuple, dict[str, Record]] = {}
+    for r in records:
+        key = (r.model, r.test)
+        groups.setdefault(key, {}).setdefault(r.engine, r)
+    rows = []
+    for (model, _), by in groups.items():
+        ours, theirs = by.get("ours"), by.get("llama.cpp")
+        if ours is None or theirs is None or not theirs.median:
+            continue
+        t_ours, t_theirs = (x.extra.get("ttft_ms", {}).get("p99") for x in (ours, theirs))
+        ttft = f"{t_ours / t_theirs:.2f}" if t_ours and t_theirs else ""
+        rows.append([model, str(ours.extra["concurrency"]), f"{ours.quant} / {theirs.quant}",
+                     f"{ours.median / theirs.median:.2f}", ttft])
+    return rows
+
+
+def render(results: Path, out: Path) -> Path:
+    """Write serve.md (and serve.png) into `out`; returns the page."""
+    shown = latest(read_records(results, kind=KIND))
+    out.mkdir(parents=True, exist_ok=True)
+    parts = [header(shown)]
+    for model in sorted({r.model for r in shown}):
+        rs = [r for r in shown if r.model == model]
+        for prefix in sorted({r.extra["workload"]["shared_prefix"] for r in rs}):
+            sub = [r for r in rs if r.extra["workload"]["shared_prefix"] == prefix]
+            w = sub[0].extra["workload"]
+            what = (f"prompts {w['input_len'][0]}-{w['input_len'][1]} tokens, outputs "
+                    f"{w['output_len'][0]}-{w['output_len'][1]}"
+                    + (f", a shared prefix of {prefix} tokens (prefix caching on)" if prefix
+                       else ", random prompts (prefix caching off)"))
+            parts.append(f"\n## {model}: {what}\n\n" + table(sub))
+    if shown:
+        png = plot(shown, out / "serve.png")
+        parts.append(f"\n## Plot\n\n![serve]({png.name})\n")
+    page = out / "serve.md"
+    page.write_text("".join(parts))
+    return page
+
+
+def header(shown: list[Record]) -> str:
+    cpus = sorted({f"{r.cpu_model} ({r.isa})" for r in shown})
+    commits = sorted({(r.git_commit or "?")[:10] + ("+dirty" if r.git_dirty else "")
+                      for r in shown})
+    servers = sorted({r.engine_version for r in shown})
+    commands = list(dict.fromkeys(r.command for r in shown if r.command))
+    clients = sorted({r.extra["client"]["tool"] for r in shown})
+    overridden = [r for r in shown if r.guard != "ok"]
+    times = sorted(r.timestamp for r in shown)
+    lines = [
+        "# Serving under load: edge-infer serve against llama-server",
+        "",
+        "Rendered by `edge-infer bench report` from `serve.jsonl` (newest record of each "
+        "model, build and concurrency). Each server is started with one slot per concurrent "
+        "request, the same context per slot, pinned to the same cores with the same thread "
+        "count, one server at a time; the load is vLLM's serving benchmark client "
+        f"({', '.join(clients)}) with the same seeded random requests for both: one warm-up "
+        "request per slot, then the measured window. TTFT: time to first token; TPOT: time "
+        "per output token after the first, per request.",
+        "",
+        f"- machine: {'; '.join(cpus)}",
+        f"- measured: {times[0] if times else '?'} .. {times[-1] if times else '?'}",
+        f"- git: {', '.join(commits)}",
+        f"- servers: {'; '.join(servers)}",
+        "- commands:",
+        *[f"  - `{c}`" for c in commands],
+    ]
+    if overridden:
+        lines += ["", f"**Warning: {len(overridden)} of these results were measured with the "
+                  "contention guard overridden (`--force`) on a busy machine: treat them as "
+                  "smoke tests, not as speed figures.**"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(records: list[Record], path: Path) -> Path:
+    """Output throughput and p99 TTFT against concurrency, one line per build, per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({(r.model, r.extra["workload"]["shared_prefix"]) for r in records})
+    fig, axes = plt.subplots(2, len(models), figsize=(max(6, 4.5 * len(models)), 7),
+                             squeeze=False)
+    for col, (model, prefix) in enumerate(models):
+        rs = [r for r in records
+              if r.model == model and r.extra["workload"]["shared_prefix"] == prefix]
+        for build in sorted({(r.engine, r.quant) for r in rs}):
+            line = sorted((r for r in rs if (r.engine, r.quant) == build),
+                          key=lambda r: r.extra["concurrency"])
+            cs = [r.extra["concurrency"] for r in line]
+            color = "tab:blue" if build[0] == "ours" else "tab:orange"
+            label = f"{build[0]} {build[1]}"
+            axes[0][col].plot(cs, [r.median for r in line], "o-", color=color, label=label)
+            axes[1][col].plot(cs, [r.extra["ttft_ms"].get("p99", float("nan")) / 1000
+                                   for r in line], "o-", color=color, label=label)
+        title = model + (f" (shared prefix {prefix})" if prefix else "")
+        axes[0][col].set_title(title, fontsize=9)
+        axes[0][col].set_ylabel("output tok/s")
+        axes[1][col].set_ylabel("TTFT p99, s")
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xlabel("concurrent requests")
+            ax.set_xscale("log", base=2)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,109 @@
+"""`bench serve`'s pure parts: the workload it asks vLLM's client for, the plan checks, the
+figures it keeps of a client result, and the page made of its records. The run against both
+servers is slow_tests/test_serve_bench.py."""
+
+import math
+
+import pytest
+
+from edge_harness.bench import serve, serve_client
+from edge_harness.bench.run import parse_engine
+from edge_harness.record import Record, append_record
+from edge_harness.report import serve as page
+from edge_infer.api import UsageError
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(128, 1024), (64, 256), (16, 64), (8, 32), (7, 9),
+                                        (5, 5), (1, 1001)])
+def test_length_args_give_exactly_the_stated_range(lo, hi):
+    mean, ratio = serve.length_args(lo, hi)
+    assert 0 <= ratio < 1  # vLLM refuses 1 and above
+    # vLLM's random dataset: uniform integers in [floor(M(1-R)), ceil(M(1+R))]
+    assert (math.floor(mean * (1 - ratio)), math.ceil(mean * (1 + ratio))) == (lo, hi)
+
+
+def _plan(**kw):
+    base = {"model": "smollm2-135m",
+            "engines": [parse_engine("ours:w4a16"), parse_engine("llama.cpp:q4_0")]}
+    return serve.ServePlan(**{**base, **kw})
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"concurrency": [0]}, "concurrencies"),
+    ({"concurrency": []}, "concurrencies"),
+    ({"input_len": (64, 16)}, "--input-len"),
+    ({"output_len": (0, 8)}, "--output-len"),
+    ({"output_len": (8, 31)}, "must be even"),
+    ({"rounds": 0}, "--rounds"),
+    ({"engines": [parse_engine("torch:fp32")]}, "runs ours and llama.cpp"),
+    ({"engines": [parse_engine("ours:w4a16"), parse_engine("ours:bf16")]}, "twice"),
+    ({"engines": [parse_engine("llama.cpp:q4_0@threads=1")]}, "@threads"),
+    ({"engines": [parse_engine("ours:w4a16@prefix_caching=on")]}, "@prefix_caching"),
+])
+def test_a_plan_that_cannot_run_is_refused_before_anything_starts(kw, says):
+    with pytest.raises(UsageError, match=says):
+        serve.check(_plan(**kw))
+
+
+def test_the_client_gets_the_workload_and_the_record_no_port_or_path(tmp_path):
+    plan = _plan(input_len=(16, 64), output_len=(8, 32), rounds=3, seed=7)
+    serve.check(plan)
+    argv = serve.client_argv(plan, "http://127.0.0.1:4321", "smollm2-135m", tmp_path / "hf", 4,
+                             cache_prompt=False)
+    opt = {flag: argv[i + 1] for i, flag in enumerate(argv[:-1]) if flag.startswith("--")}
+    assert opt["--num-prompts"] == "12" and opt["--max-concurrency"] == "4"
+    assert opt["--num-warmups"] == "4" and opt["--seed"] == "7"
+    assert opt["--dataset-name"] == "random" and opt["--temperature"] == "0"
+    assert opt["--extra-body"] == '{"cache_prompt": false}'
+    assert "--ignore-eos" in argv
+    shown = serve.shown_argv(argv, "smollm2-135m")
+    assert "4321" not in " ".join(shown) and str(tmp_path) not in " ".join(shown)
+    assert plan.ctx_per_slot >= 64 + 32
+    assert serve.client_argv(plan, "b", "m", tmp_path, 1, None).count("--extra-body") == 0
+
+
+def test_summarize_keeps_the_figures_and_counts_each_error():
+    result = {"output_throughput": 40.0, "request_throughput": 0.5, "duration": 8.0,
+              "completed": 3, "failed": 1, "total_input_tokens": 90, "total_output_tokens": 60,
+              "p50_ttft_ms": 100.0, "p99_ttft_ms": 300.0, "mean_ttft_ms": 150.0,
+              "p50_tpot_ms": 20.0, "p99_tpot_ms": 25.0,
+              "errors": ["", "", "Traceback ...\nConnectionError: refused", ""],
+              "input_lens": [20, 30, 40, 0], "output_lens": [10, 20, 30, 0]}
+    s = serve_client.summarize(result)
+    assert (s["output_tok_s"], s["requests_s"], s["completed"], s["failed"]) == (40.0, 0.5, 3, 1)
+    assert s["ttft_ms"] == {"mean": 150.0, "p50": 100.0, "p99": 300.0}
+    assert s["tpot_ms"] == {"p50": 20.0, "p99": 25.0}
+    assert s["errors"] == {"ConnectionError: refused": 1} and s["requests"] == 4
+    assert s["input_len"] == {"min": 20, "max": 40} and s["output_len"] == {"min": 10, "max": 30}
+
+
+def _record(engine, quant, c, tok_s, ttft_p99, **kw):
+    return Record(engine=engine, engine_version=f"{engine} 1", model="smollm2-135m", quant=quant,
+                  test=f"serve_c{c}", samples=[tok_s], threads=2, cores=[0, 1], kind="serve",
+                  cpu_model="cpu", isa="avx2", git_commit="abc", git_dirty=False,
+                  command="edge-infer bench serve", **kw,
+                  extra={"concurrency": c, "requests_s": tok_s / 50, "failed": 0,
+                         "ttft_ms": {"p50": ttft_p99 / 2, "p99": ttft_p99},
+                         "tpot_ms": {"p50": 30.0, "p99": 40.0},
+                         "workload": {"shared_prefix": 0, "input_len": [16, 64],
+                                      "output_len": [8, 32]},
+                         "client": {"tool": "vllm bench serve (vllm 0.32.0)"}})
+
+
+def test_the_page_shows_every_build_and_the_ratio_at_each_concurrency(tmp_path):
+    results = tmp_path / "serve.jsonl"
+    for rec in [_record("ours", "w4a16", 8, 90.0, 999.0),  # replaced by the newer one below
+                _record("ours", "w4a16", 1, 20.0, 400.0), _record("llama.cpp", "q4_0", 1, 40.0, 200.0),
+                _record("ours", "w4a16", 8, 100.0, 900.0), _record("llama.cpp", "q4_0", 8, 50.0, 1800.0)]:
+        append_record(results, rec)
+    # a bench record in the same file is not a serving figure
+    append_record(results, Record(engine="ours", engine_version="x", model="m", quant="q",
+                                  test="tg128", samples=[1.0]))
+    text = page.render(results, tmp_path).read_text()
+    assert (tmp_path / "serve.png").stat().st_size > 0
+    rows = [line for line in text.splitlines() if line.startswith("| 1 ") or line.startswith("| 8 ")]
+    assert len(rows) == 4  # newest of each (build, concurrency); the bench record left out
+    assert "| 8 | ours | w4a16 | 100.00 |" in text and "90.00" not in text
+    assert "| smollm2-135m | 1 | w4a16 / q4_0 | 0.50 | 2.00 |" in text
+    assert "| smollm2-135m | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in text
+    assert "Warning" not in text
