@@ -32,10 +32,10 @@ from edge_infer.results import (
     utc_now,
     versions,
 )
+from edge_infer.serve import process as serve_process  # `edge-infer serve` as a child
 from edge_infer.serve.process import ServeFailed, free_port
 from edge_infer.serve.process import start as serve_start
 from edge_infer.serve.process import stop as serve_stop
-from edge_infer.serve import process as serve_process  # `edge-infer serve` as a child
 from edge_infer.serve.runtime import vllm_env
 
 if TYPE_CHECKING:
