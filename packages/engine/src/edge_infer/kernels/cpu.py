@@ -29,6 +29,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
+def cpu_id() -> str:
+    """Vendor, family, model and stepping from /proc/cpuinfo, e.g. "GenuineIntel 6/207/2": a
+    hypervisor often hides the marketing name ("Intel(R) Xeon(R) Processor", "AMD EPYC"), but
+    these numbers still say which generation ran; "" where not exposed."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break  # the first processor is enough
+            key, _, value = line.partition(":")
+            fields[key.strip()] = value.strip()
+    except OSError:
+        return ""
+    parts = [fields.get(k, "") for k in ("cpu family", "model", "stepping")]
+    if not all(parts):
+        return ""
+    return f"{fields.get('vendor_id', '')} {'/'.join(parts)}".strip()
+
+
 def isa_level() -> str:
     """The best x86 vector level present: amx > avx512 > avx2 > baseline."""
     flags = cpu_flags()
@@ -58,4 +78,4 @@ def activation_dtype(choice: str = "auto") -> str:
 def fingerprint() -> dict:
     flags = cpu_flags()
     shown = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    return {"cpu_model": cpu_model(), "isa": isa_level(), "cpu_flags": shown}
+    return {"cpu_model": cpu_model(), "cpu_id": cpu_id(), "isa": isa_level(), "cpu_flags": shown}

@@ -81,6 +81,15 @@ def pack_nib128(q: torch.Tensor) -> torch.Tensor:
     return (v[:, :, 0, :] | (v[:, :, 1, :] << 4)).reshape(n, k // 2).contiguous()
 
 
+def pack_lanes1k(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] -> uint8 [N, K/2]: per super-block of 1024, 8 lines of 64 bytes, byte 4j+b
+    of line p = q[64j + 8p + b] | q[64j + 8p + 4 + b] << 4 (32-bit lane j owns codes 64j..64j+63)."""
+    n, k = q.shape
+    v = q.reshape(n, k // 1024, 16, 8, 2, 4)  # [n, super-block, lane j, line p, nibble, b]
+    lines = v[:, :, :, :, 0, :] | (v[:, :, :, :, 1, :] << 4)
+    return lines.permute(0, 1, 3, 2, 4).reshape(n, k // 2).contiguous()
+
+
 def pack_words128(q: torch.Tensor) -> torch.Tensor:
     """codes [N, K] -> uint8 [N, K/2]: per block of 128, 32 little-endian 16-bit words, word i
     holding q[32j + i] in bits 4j..4j+3; a K % 128 == 64 tail as 32 bytes, byte i = q[i] |
@@ -106,6 +115,12 @@ def pack_lanes64(q: torch.Tensor) -> torch.Tensor:
     return lanes.transpose(2, 3).reshape(n, k // 2).contiguous()
 
 
+def lanes1k_fits(k: int, group: int) -> bool:
+    """The lanes1k layout (W4A8 on AVX-512, one fp32 fold per 1024 codes) takes K % 1024 == 0
+    and a group of 64..1024 dividing 1024; other AVX-512 W4A8 layers keep nib128."""
+    return k % 1024 == 0 and group % 64 == 0 and 1024 % group == 0
+
+
 class _Edge:
     """edge-infer's own kernels (csrc/edge_w4.cpp), one torch op `edge_w4::linear` (so the
     profiler shows it by name and torch.compile traces through it, see kernels.ops): up to
@@ -127,8 +142,8 @@ class _Edge:
     # - words128 (W4A16, vdpbf16ps; bf16 tiles and bf16 GEMM): M=16 0.99 / 1.36, M=32 1.93 / 1.80,
     #   M=64 3.83 / 2.67, M=512 32.0 / 15.5 (F.linear on dense bf16 weights: 14.9);
     # - blocks32 (W4A8, int8 dots): M=128 10.2 / 17.9, M=512 42.5 / 47.6 (bf16 in).
-    # - nib128 (W4A8 on AVX-512, int8 dots): one loop for every M, no GEMM path.
-    SMALL_M_MAX = {0: 512, 1: 24, 2: 24, 3: 1 << 30}
+    # - nib128 and lanes1k (W4A8 on AVX-512, int8 dots): one loop for every M, no GEMM path.
+    SMALL_M_MAX = {0: 512, 1: 24, 2: 24, 3: 1 << 30, 4: 1 << 30}
     TILE = 512
 
     @classmethod
@@ -150,7 +165,9 @@ class _Edge:
 
         ops.load()
         n, k = q.shape
-        if scheme == "w4a8" and cls.nib128(k, group):
+        if scheme == "w4a8" and cls.nib128(k, group) and lanes1k_fits(k, group):
+            codes, layout = pack_lanes1k(q), 4
+        elif scheme == "w4a8" and cls.nib128(k, group):
             codes, layout = pack_nib128(q), 3
         elif scheme == "w4a8":
             codes, layout = pack_blocks32(q), 0

@@ -22,6 +22,10 @@
 //   in its high nibble.
 // - nib128 (W4A8 on AVX-512 CPUs, every M): blocks of 128 codes in 64 bytes, byte i holding
 //   code k=128c+i in its low nibble and k=128c+64+i in its high one (see tile_nib128_vnni).
+// - lanes1k (W4A8 on AVX-512 CPUs where K % 1024 == 0 and the group divides 1024): super-blocks
+//   of 1024 codes in 512 bytes. Each 32-bit lane j of a vector owns the 64 codes 64j..64j+63,
+//   so a lane's `vpdpbusd` sums stay within one group and the fold to fp32 happens once per
+//   super-block instead of once per group (see tile_lanes1k).
 // Scales are fp32 [N, K/group]; zero points uint8 [N, K/group] or absent (symmetric: 8).
 // Meaning of the codes: w = (q - z) * s, as in edge_infer.quant.primitives.
 //
@@ -57,7 +61,7 @@ int64_t g_prefetch = 8192;
 // Paths in increasing order: a higher one may use every lower one's code (an AVX-512 CPU runs
 // the AVX2 W4A16 loop and dequantization where its own 512-bit loops do not apply).
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kWords128 = 2, kNib128 = 3 };
+enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kWords128 = 2, kNib128 = 3, kLanes1k = 4 };
 constexpr int64_t kNibMaxGroups = 256;  // the nib128 loop's per-tile table of s_g sx_g
 
 bool cpu_has(const std::string& feature) {
@@ -107,7 +111,7 @@ void check_words128(int64_t isa) {
 
 Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
                 int64_t group, int64_t layout) {
-  TORCH_CHECK(layout >= kBlocks32 && layout <= kNib128, "edge_w4: unknown layout ", layout);
+  TORCH_CHECK(layout >= kBlocks32 && layout <= kLanes1k, "edge_w4: unknown layout ", layout);
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8 && q.is_contiguous(),
               "edge_w4: packed codes must be contiguous uint8 [N, K/2]");
   TORCH_CHECK(group % kBlock == 0 && group > 0, "edge_w4: group ", group, " is not a multiple of 32");
@@ -121,6 +125,10 @@ Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optio
     TORCH_CHECK(k % 128 == 0 && group % 64 == 0 && groups <= kNibMaxGroups,
                 "edge_w4: nib128 needs K % 128 == 0, a group multiple of 64 and at most ", kNibMaxGroups,
                 " groups");
+  }
+  if (layout == kLanes1k) {
+    TORCH_CHECK(k % 1024 == 0 && group % 64 == 0 && 1024 % group == 0,
+                "edge_w4: lanes1k needs K % 1024 == 0 and a group of 64, 128, 256, 512 or 1024");
   }
   TORCH_CHECK(s.size(1) == groups, "edge_w4: scales must be contiguous fp32 [N, K/group]");
   const uint8_t* zp = nullptr;
@@ -157,6 +165,11 @@ inline int code_at(const Weights& w, const uint8_t* q, int64_t k) {
   if (w.layout == kNib128) {
     const uint8_t byte = q[(k / 128) * 64 + (k % 64)];
     return (k % 128) < 64 ? (byte & 0xF) : (byte >> 4);
+  }
+  if (w.layout == kLanes1k) {  // lane j, step i (4 codes), line i / 2, nibble i % 2
+    const int64_t r = k % 1024, j = r / 64, i = (r % 64) / 4, b = r % 4;
+    const uint8_t byte = q[(k / 1024) * 512 + (i / 2) * 64 + 4 * j + b];
+    return (i & 1) ? (byte >> 4) : (byte & 0xF);
   }
   if (w.layout == kBlocks32) {
     const int64_t b = k / kBlock, i = k % kBlock;
@@ -534,6 +547,108 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
 #undef EDGE_DOT_BW
 #undef EDGE_NIB128_TILE
 
+// lanes1k: per super-block of 1024 codes, 8 lines of 64 bytes per row. Byte 4j+b of line p
+// holds code 64j+8p+b in its low nibble and 64j+8p+4+b in its high one: the low nibbles are
+// step 2p, the high ones step 2p+1, and step i gives lane j its codes 64j+4i..64j+4i+3. The
+// activations are put in the same order once per call (lanes1k_order), so step i is 64
+// consecutive bytes. Lane j's int32 sum then covers codes 64j..64j+63, one group's, and the
+// R x T sums are folded once per super-block: float, times a vector of s_g sx_g with lane j's
+// group, into fp32. In nib128 every group of 128 codes costs a convert and an FMA per (row,
+// token) beside its two dots; here 16 dots share one of each.
+#define EDGE_LANES1K_TILE(DOT)                                                                       \
+  const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
+  [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
+  const int64_t G = w.groups, per_block = 1024 / w.group;                                             \
+  const __mmask16 mk = static_cast<__mmask16>((1u << per_block) - 1);                                 \
+  alignas(64) int32_t lane_group[16];                                                                 \
+  for (int j = 0; j < 16; ++j) lane_group[j] = static_cast<int32_t>(64 * j / w.group);                \
+  const __m512i gidx = _mm512_load_si512(lane_group);                                                 \
+  __m512 acc[R][T];                                                                                   \
+  for (int r = 0; r < R; ++r)                                                                         \
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();                                      \
+  for (int64_t b = 0; b < w.k / 1024; ++b) {                                                          \
+    __m512i dot[R][T];                                                                                \
+    for (int r = 0; r < R; ++r)                                                                       \
+      for (int t = 0; t < T; ++t) dot[r][t] = _mm512_setzero_si512();                                 \
+    for (int p = 0; p < 8; ++p) {                                                                     \
+      __m512i lo[R], hi[R];                                                                           \
+      for (int r = 0; r < R; ++r) {                                                                   \
+        const uint8_t* c = w.q + (row + r) * (w.k / 2) + b * 512 + p * 64;                            \
+        if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(c + g_prefetch), _MM_HINT_T1);       \
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(c));                      \
+        lo[r] = _mm512_and_si512(v, m4);                                                              \
+        hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);                                        \
+      }                                                                                               \
+      for (int t = 0; t < T; ++t) {                                                                   \
+        const int8_t* xt = xq + t * w.k + b * 1024 + p * 128;                                         \
+        const __m512i x0 = _mm512_loadu_si512(reinterpret_cast<const void*>(xt));                    \
+        const __m512i x1 = _mm512_loadu_si512(reinterpret_cast<const void*>(xt + 64));               \
+        for (int r = 0; r < R; ++r) dot[r][t] = DOT(DOT(dot[r][t], lo[r], x0), hi[r], x1);           \
+      }                                                                                               \
+    }                                                                                                 \
+    const int64_t g = b * per_block;                                                                  \
+    __m512 xsc[T];                                                                                    \
+    for (int t = 0; t < T; ++t)                                                                       \
+      xsc[t] = _mm512_permutexvar_ps(gidx, _mm512_maskz_loadu_ps(mk, sx + t * G + g));                \
+    for (int r = 0; r < R; ++r) {                                                                     \
+      const __m512 wsc = _mm512_permutexvar_ps(gidx, _mm512_maskz_loadu_ps(mk, w.s + (row + r) * G + g)); \
+      for (int t = 0; t < T; ++t)                                                                     \
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), _mm512_mul_ps(wsc, xsc[t]), acc[r][t]); \
+    }                                                                                                 \
+  }                                                                                                   \
+  for (int r = 0; r < R; ++r) {                                                                       \
+    __m512 corr[T];                                                                                   \
+    for (int t = 0; t < T; ++t) corr[t] = _mm512_setzero_ps();                                        \
+    for (int64_t g = 0; g < G; g += 16) {                                                             \
+      const __mmask16 mg = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);       \
+      const __m512 z = w.z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                                 \
+                                 _mm_maskz_loadu_epi8(mg, w.z + (row + r) * G + g)))                  \
+                           : _mm512_set1_ps(8.f);                                                     \
+      const __m512 zs = _mm512_mul_ps(z, _mm512_maskz_loadu_ps(mg, w.s + (row + r) * G + g));          \
+      for (int t = 0; t < T; ++t)                                                                     \
+        corr[t] = _mm512_fmadd_ps(zs, _mm512_maskz_loadu_ps(mg, xs + t * G + g), corr[t]);            \
+    }                                                                                                 \
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_sub_ps(acc[r][t], corr[t]);                        \
+  }                                                                                                   \
+  for (int t = 0; t < T; ++t) {                                                                       \
+    if constexpr (R == 4) {                                                                           \
+      _mm_storeu_ps(y + t * ys, sum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));                    \
+    } else {                                                                                          \
+      for (int r = 0; r < R; ++r) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);                    \
+    }                                                                                                 \
+  }
+
+template <int R, int T, bool PREFETCH>
+__attribute__((target(EDGE_AVX512_VNNI))) void tile_lanes1k_vnni(const Weights& w, int64_t row, const int8_t* xq,
+                                                                 const float* sx, const float* xs, float* y,
+                                                                 int64_t ys) {
+  EDGE_LANES1K_TILE(_mm512_dpbusd_epi32)
+}
+
+#define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
+template <int R, int T, bool PREFETCH>
+__attribute__((target(EDGE_AVX512))) void tile_lanes1k_bw(const Weights& w, int64_t row, const int8_t* xq,
+                                                          const float* sx, const float* xs, float* y, int64_t ys) {
+  EDGE_LANES1K_TILE(EDGE_DOT_BW)
+}
+#undef EDGE_DOT_BW
+#undef EDGE_LANES1K_TILE
+
+// int8 activations [M, K] in natural order -> the lanes1k order, in place: per super-block of
+// 1024, the 16 x 16 matrix of 4-byte words (lane j, step i) transposed, so that step i's 64
+// bytes (word j = codes 64j+4i..64j+4i+3) are consecutive.
+void lanes1k_order(int8_t* xq, int64_t rows, int64_t k) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t b = 0; b < k / 1024; ++b) {
+      int32_t* block = reinterpret_cast<int32_t*>(xq + r * k + b * 1024);
+      int32_t tmp[256];
+      std::memcpy(tmp, block, sizeof tmp);
+      for (int j = 0; j < 16; ++j)
+        for (int i = 0; i < 16; ++i) block[i * 16 + j] = tmp[j * 16 + i];
+    }
+  }
+}
+
 // R rows against tokens [t0, t1), 4 at a time, then the 1-3 left.
 template <int R, bool PREFETCH>
 void rows_nib128(const Weights& w, int64_t row, const int8_t* xq, const float* sx, const float* xs, int64_t t0,
@@ -545,7 +660,9 @@ void rows_nib128(const Weights& w, int64_t row, const int8_t* xq, const float* s
     const float* gt = xs + t * w.groups;
     float* yt = y + t * w.n + row;
     const bool g64 = w.group == 64;
-    if (vnni) {
+    if (w.layout == kLanes1k) {
+      (vnni ? tile_lanes1k_vnni<R, TT, PREFETCH> : tile_lanes1k_bw<R, TT, PREFETCH>)(w, row, xt, st, gt, yt, w.n);
+    } else if (vnni) {
       (g64 ? tile_nib128_vnni<R, TT, PREFETCH, true> : tile_nib128_vnni<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n);
     } else {
       (g64 ? tile_nib128_bw<R, TT, PREFETCH, true> : tile_nib128_bw<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n);
@@ -1260,7 +1377,7 @@ void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const 
 // dtype.
 torch::Tensor linear_nib128(const torch::Tensor& x_in, const Weights& w, int64_t isa) {
   check_isa(isa);
-  TORCH_CHECK(isa >= kAvx512, "edge_w4: the nib128 layout needs the AVX-512 path");
+  TORCH_CHECK(isa >= kAvx512, "edge_w4: the nib128 and lanes1k layouts need the AVX-512 path");
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.k, "edge_w4: activations [M, ", w.k, "] expected");
   const torch::Tensor x = x_in.scalar_type() == torch::kBFloat16 ? x_in.contiguous() : as_float(x_in);
   const int64_t m = x.size(0);
@@ -1280,6 +1397,7 @@ torch::Tensor linear_nib128(const torch::Tensor& x_in, const Weights& w, int64_t
     } else {
       quantize_rows_avx512(x.data_ptr<float>(), a, b, w.k, w.group, xq, sx, xs);
     }
+    if (w.layout == kLanes1k) lanes1k_order(xq + a * w.k, b - a, w.k);
   };
   if (m * w.k >= (int64_t{1} << 16)) {
     at::parallel_for(0, m, 1, quant);
@@ -1337,7 +1455,7 @@ torch::Tensor gemv(const torch::Tensor& x_in, const torch::Tensor& q, const torc
 #endif
     return finish(y, x_in.scalar_type());
   }
-  if (layout == kNib128) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
+  if (layout == kNib128 || layout == kLanes1k) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
   const auto [w, x] = gemv_inputs(x_in, q, s, z, group, layout, isa);
   auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
   (layout == kLanes64 ? rows_w4a16 : rows_w4a8)(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), isa);
@@ -1358,7 +1476,7 @@ torch::Tensor gemv_w4a8(const torch::Tensor& x_in, const torch::Tensor& q, const
 void dequant_into(const Weights& w, int64_t r0, int64_t r1, float* out, int64_t isa) {
   at::parallel_for(r0, r1, std::max<int64_t>(1, grain_for(w.k) / 4), [&](int64_t a, int64_t b) {
 #if defined(__x86_64__)
-    if (isa >= kAvx2 && w.layout != kNib128) return dequant_rows_avx2(w, a, b, out + (a - r0) * w.k);
+    if (isa >= kAvx2 && w.layout < kNib128) return dequant_rows_avx2(w, a, b, out + (a - r0) * w.k);
 #endif
     dequant_rows_portable(w, a, b, out + (a - r0) * w.k);
   });
@@ -1450,7 +1568,7 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& q, const to
                      const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa,
                      int64_t small_m_max, int64_t tile) {
   TORCH_CHECK(x_in.dim() == 2, "edge_w4: activations must be 2-D [M, K]");
-  if (layout == kNib128) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
+  if (layout == kNib128 || layout == kLanes1k) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
   if (x_in.size(0) <= small_m_max) return gemv(x_in, q, s, z, group, layout, isa);
   if (layout == kWords128 && x_in.scalar_type() == torch::kBFloat16) {
     check_words128(isa);
