@@ -558,11 +558,13 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
 #define EDGE_LANES1K_TILE(DOT)                                                                       \
   const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
   [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
-  const int64_t G = w.groups, per_block = 1024 / w.group;                                             \
+  const int gshift = __builtin_ctzll(static_cast<uint64_t>(w.group)); /* no division per tile */     \
+  const int64_t G = w.groups, per_block = int64_t{1024} >> gshift;                                    \
   const __mmask16 mk = static_cast<__mmask16>((1u << per_block) - 1);                                 \
-  alignas(64) int32_t lane_group[16];                                                                 \
-  for (int j = 0; j < 16; ++j) lane_group[j] = static_cast<int32_t>(64 * j / w.group);                \
-  const __m512i gidx = _mm512_load_si512(lane_group);                                                 \
+  /* lane j's group within the super-block, 64j / group: a shift (the group is a power of 2) */  \
+  const __m512i gidx = _mm512_srl_epi32(                                                              \
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),                         \
+      _mm_cvtsi32_si128(gshift - 6));                                                                 \
   __m512 acc[R][T];                                                                                   \
   for (int r = 0; r < R; ++r)                                                                         \
     for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();                                      \
