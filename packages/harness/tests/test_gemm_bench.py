@@ -20,7 +20,7 @@ def test_linear_shapes_follow_vllm_fusion():
 
 def test_measure_times_every_scheme_of_every_kernel(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps(TINY))
-    monkeypatch.setattr(gemm, "COLD_BYTES", 1 << 20)
+    monkeypatch.setattr(gemm, "cold_bytes", lambda: 1 << 20)
     names = [k for k in ("edge-avx2", "edge-portable", "tinygemm") if w4a16.KERNELS[k].available()]
     if not names:
         pytest.skip("no 4-bit kernel builds here")

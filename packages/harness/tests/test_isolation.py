@@ -7,7 +7,12 @@ from harness_cli import cli
 
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.guard import ComparisonRefused, check_comparable
-from edge_harness.isolation.topology import choose_cores, parse_cpu_list, physical_cores
+from edge_harness.isolation.topology import (
+    choose_cores,
+    largest_cache_bytes,
+    parse_cpu_list,
+    physical_cores,
+)
 
 
 def fake_sysfs(root, siblings: dict[int, str]):
@@ -106,3 +111,12 @@ def test_worker_reports_child_errors():
         with pytest.raises(Exception, match="unknown command"):
             w.request("no-such-command")
         assert w.request("affinity")["ok"]  # still serving after an error
+
+
+def test_largest_cache_reads_each_unit(tmp_path):
+    cache = tmp_path / "cpu0" / "cache"
+    for i, size in enumerate(["48K", "2048K", "266240K"]):
+        (cache / f"index{i}").mkdir(parents=True)
+        (cache / f"index{i}" / "size").write_text(size + "\n")
+    assert largest_cache_bytes(0, tmp_path) == 266240 << 10
+    assert largest_cache_bytes(1, tmp_path) == 0

@@ -38,6 +38,7 @@ class Record:
     threads: int = 0
     cores: list[int] = field(default_factory=list)
     cpu_model: str = ""
+    cpu_id: str = ""  # vendor family/model/stepping: names the generation a VM's model hides
     isa: str = ""
     cpu_flags: list[str] = field(default_factory=list)
     guard: str = "ok"  # "ok" | "overridden" (--force while the guard saw foreign load)

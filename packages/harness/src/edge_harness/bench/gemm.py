@@ -45,7 +45,7 @@ def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
 def _time(fn, copies: list, x, min_time: float, min_samples: int = 5,
           max_samples: int = 50) -> list[float]:
     """Seconds per call, as the mean of batches of >= ~10 ms; every call runs on the next
-    copy of the weights (see COLD_BYTES)."""
+    copy of the weights (see cold_bytes)."""
     for c in copies:  # warm-up: one pass over every copy (first calls convert scales)
         fn(x, c)
     t0 = time.perf_counter()
@@ -66,9 +66,17 @@ def _time(fn, copies: list, x, min_time: float, min_samples: int = 5,
 
 # Decode streams every layer's weights from memory: a layer timed on one resident copy would
 # be served from cache (a 576x576 layer is 0.2-1.3 MB) and report cache, not DRAM, bandwidth.
-# So each call uses the next of enough copies to span COLD_BYTES, far beyond any L3.
+# So each call uses the next of enough copies to span cold_bytes(): 4x the largest cache the
+# kernel reports, and never under 256 MiB (a 2-core cloud slice of a server CPU can see the
+# host's whole L3: 260 MiB on an Intel Xeon measured here).
 COLD_BYTES = 256 << 20
 MAX_COPIES = 4096
+
+
+def cold_bytes() -> int:
+    from edge_harness.isolation.topology import largest_cache_bytes
+
+    return max(COLD_BYTES, 4 * largest_cache_bytes())
 
 
 def _nbytes(obj) -> int:
@@ -84,7 +92,7 @@ def _nbytes(obj) -> int:
 def _copies(obj, nbytes: int) -> list:
     import torch
 
-    n = max(1, min(MAX_COPIES, -(-COLD_BYTES // max(nbytes, 1))))
+    n = max(1, min(MAX_COPIES, -(-cold_bytes() // max(nbytes, 1))))
 
     def clone(o):
         if isinstance(o, torch.Tensor):

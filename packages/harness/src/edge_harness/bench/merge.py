@@ -22,7 +22,7 @@ from edge_infer.api import UsageError, latest
 
 def machine_id(r: Record) -> str:
     """ISA level and a short hash of the whole fingerprint: readable, and distinct per CPU."""
-    text = "|".join([r.cpu_model, r.isa, ",".join(sorted(r.cpu_flags))])
+    text = "|".join([r.cpu_model, r.cpu_id, r.isa, ",".join(sorted(r.cpu_flags))])
     return f"{r.isa or 'unknown'}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
 
 

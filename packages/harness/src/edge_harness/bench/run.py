@@ -153,7 +153,8 @@ class Bench:
 
     def record(self, **kw) -> Record:
         return Record(
-            cpu_model=self.cpu["cpu_model"], isa=self.cpu["isa"], cpu_flags=self.cpu["cpu_flags"],
+            cpu_model=self.cpu["cpu_model"], cpu_id=self.cpu["cpu_id"], isa=self.cpu["isa"],
+            cpu_flags=self.cpu["cpu_flags"],
             run_id=self.run_id, git_commit=self.commit, git_dirty=self.dirty,
             command=self.plan.command, **kw,
         )

@@ -83,3 +83,17 @@ def choose_cores(requested: str | None, threads: int | None, root: Path = SYS_CP
                              f"core of {cores})")
         cores = cores[:threads]
     return cores
+
+
+def largest_cache_bytes(cpu: int = 0, root: Path = SYS_CPU) -> int:
+    """Size in bytes of the largest cache `cpu` sees (its L3 on most x86 machines), from
+    /sys/devices/system/cpu/cpuN/cache/index*/size; 0 where none is exposed."""
+    sizes = [0]
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for size in (root / f"cpu{cpu}" / "cache").glob("index*/size"):
+        text = size.read_text().strip()
+        if text[-1:].upper() in units and text[:-1].isdigit():
+            sizes.append(int(text[:-1]) * units[text[-1].upper()])
+        elif text.isdigit():
+            sizes.append(int(text))
+    return max(sizes)
