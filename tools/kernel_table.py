@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""docs/analysis/kernels.md's per-shape table, generated from one `bench gemm` run.
+"""docs/analysis/kernels.md's per-shape tables, one per `bench gemm` run (one per machine).
 
 Per decode shape of the model: the GB/s of packed weights our AVX-512 kernels stream at M=1
 (W4A16 and W4A8, bf16 activations), bf16 F.linear's at M=1 for scale, the per-call time at M=8
@@ -18,29 +18,34 @@ from generated_block import ROOT, bench_records, rewrite
 
 PAGE = ROOT / "docs" / "analysis" / "kernels.md"
 START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end -->"
-RUN = "20261201T151411-3360"
-RUN_1T = "20261201T101122-7520"  # the same shapes at M=1 on one thread
+# (run at the threads of the machine's cores, the same shapes at M=1 on one thread or None)
+RUNS = (("20261201T151411-3360", "20261201T101122-7520"),)
 LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 BATCH = (2, 4, 8, 16)
 
 
 def block(records: list[dict]) -> str:
-    run = [r for r in records if r.get("run_id") == RUN and "layer" in r.get("extra", {})]
+    return "\n".join(table(records, run, run_1t) for run, run_1t in RUNS)
+
+
+def table(records: list[dict], run_id: str, run_1t: str | None) -> str:
+    run = [r for r in records if r.get("run_id") == run_id and "layer" in r.get("extra", {})]
     by = {(r["engine"], r["quant"], r["extra"]["m"], r["extra"]["layer"]): r for r in run}
     one_thread = {(r["quant"], r["extra"]["layer"]): r for r in records
-                  if r.get("run_id") == RUN_1T and r.get("engine") == "edge-avx512"
+                  if r.get("run_id") == run_1t and r.get("engine") == "edge-avx512"
                   and r["extra"].get("m") == 1}
 
     def seconds(key) -> float:
         return statistics.median(by[key]["extra"]["seconds"])
 
     r0 = run[0]
-    lines = ["",
-             f"`{r0['command']}`, run `{RUN}` at commit {r0['git_commit'][:7]}"
+    machine = r0["cpu_model"] + (f" ({r0['cpu_id']})" if r0.get("cpu_id") else "")
+    lines = ["", f"**{machine}**, {r0['isa']}:", "",
+             f"`{r0['command']}`, run `{run_id}` at commit {r0['git_commit'][:7]}"
              f"{' (dirty)' if r0['git_dirty'] else ' (clean tree)'}, {r0['threads']} threads on cores "
              f"{r0['cores']}, guard {', '.join(sorted({r['guard'] for r in run}))}; medians. "
-             f"One thread: run `{RUN_1T}`"
-             + (f" (`{next(iter(one_thread.values()))['command']}`)" if one_thread else "") + ".",
+             + (f"One thread: run `{run_1t}` (`{next(iter(one_thread.values()))['command']}`)."
+                if one_thread else "One thread: not run."),
              "",
              "| layer | N x K | W4A16 GB/s, M=1 | W4A8 GB/s, M=1 | 1 thread: W4A16 / W4A8 GB/s | "
              "bf16 F.linear GB/s, M=1 | ms per call at M=8: W4A16 / W4A8 / F.linear | "
