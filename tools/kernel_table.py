@@ -19,7 +19,7 @@ from generated_block import ROOT, bench_records, rewrite
 PAGE = ROOT / "docs" / "analysis" / "kernels.md"
 START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end -->"
 # (run at the threads of the machine's cores, the same shapes at M=1 on one thread or None)
-RUNS = (("20261201T151411-3360", "20261201T101122-7520"),)
+RUNS = (("20261201T151411-3360", "20261201T101122-7520"), ("20261202T030917-8640", None))
 LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 BATCH = (2, 4, 8, 16)
 
