@@ -215,7 +215,10 @@ def _limit(limits: Limits, uid: int, drop: tuple[int, int] | None):
     return apply
 
 
-def run(program: str, limits: Limits = Limits(), guard: bool = True) -> Outcome:
+DEFAULT_LIMITS = Limits()
+
+
+def run(program: str, limits: Limits = DEFAULT_LIMITS, guard: bool = True) -> Outcome:
     """Run `program` (Python source) in the sandbox. Passed: exit 0 after the last line ran."""
     iso = isolation()
     nonce = secrets.token_hex(16)
