@@ -107,3 +107,29 @@ def test_the_page_shows_every_build_and_the_ratio_at_each_concurrency(tmp_path):
     assert "| smollm2-135m | 1 | w4a16 / q4_0 | 0.50 | 2.00 |" in text
     assert "| smollm2-135m | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in text
     assert "Warning" not in text
+
+
+def test_the_client_opens_a_connection_per_request():
+    """llama-server closes idle connections after 5 s; vLLM's client kept them 60 s and sent
+    requests on closed ones. The patched connector never keeps one, and only vLLM's serving
+    module sees it."""
+    import asyncio
+
+    import aiohttp
+    from vllm.benchmarks import serve as vllm_serve
+
+    serve_client.fresh_connection_per_request()
+    serve_client.fresh_connection_per_request()  # once is enough; twice changes nothing
+
+    async def build():
+        patched = vllm_serve.aiohttp.TCPConnector(limit=2, keepalive_timeout=60)
+        plain = aiohttp.TCPConnector(limit=2)
+        try:
+            return patched.force_close, plain.force_close, vllm_serve.aiohttp.ClientTimeout
+        finally:
+            await patched.close()
+            await plain.close()
+
+    patched, plain, timeout = asyncio.run(build())
+    assert patched and not plain
+    assert timeout is aiohttp.ClientTimeout
