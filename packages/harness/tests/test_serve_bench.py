@@ -122,7 +122,7 @@ def test_the_client_opens_a_connection_per_request():
     serve_client.fresh_connection_per_request()  # once is enough; twice changes nothing
 
     async def build():
-        patched = vllm_serve.aiohttp.TCPConnector(limit=2, keepalive_timeout=60)
+        patched = vllm_serve.aiohttp.TCPConnector(limit=2, keepalive_timeout=60, force_close=False)
         plain = aiohttp.TCPConnector(limit=2)
         try:
             return patched.force_close, plain.force_close, vllm_serve.aiohttp.ClientTimeout

@@ -91,7 +91,8 @@ def fresh_connection_per_request() -> None:
 
     def connector(*args, **kwargs):
         kwargs.pop("keepalive_timeout", None)  # aiohttp refuses it beside force_close
-        return aiohttp.TCPConnector(*args, **kwargs, force_close=True)
+        kwargs["force_close"] = True  # whatever vLLM asked for
+        return aiohttp.TCPConnector(*args, **kwargs)
 
     class Aiohttp:
         TCPConnector = staticmethod(connector)
