@@ -443,6 +443,33 @@ __attribute__((target(EDGE_AVX512))) inline __m128 sum4(__m512 a, __m512 b, __m5
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
+// The last step of a W4A8 int8 tile (nib128 and lanes1k alike): subtract the zero-point term
+// sum_g z_g s_g xs_g of each (row, token) from its fp32 sums, then reduce each to one output.
+template <int R, int T>
+__attribute__((target(EDGE_AVX512))) inline void finish_w4a8_tile(const Weights& w, int64_t row, __m512 (&acc)[R][T],
+                                                                  const float* xs, float* y, int64_t ys) {
+  const int64_t G = w.groups;
+  for (int r = 0; r < R; ++r) {
+    __m512 corr[T];
+    for (int t = 0; t < T; ++t) corr[t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g += 16) {
+      const __mmask16 mk = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);
+      const __m512 z = w.z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mk, w.z + (row + r) * G + g)))
+                           : _mm512_set1_ps(8.f);
+      const __m512 zs = _mm512_mul_ps(z, _mm512_maskz_loadu_ps(mk, w.s + (row + r) * G + g));
+      for (int t = 0; t < T; ++t) corr[t] = _mm512_fmadd_ps(zs, _mm512_maskz_loadu_ps(mk, xs + t * G + g), corr[t]);
+    }
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_sub_ps(acc[r][t], corr[t]);
+  }
+  for (int t = 0; t < T; ++t) {
+    if constexpr (R == 4) {
+      _mm_storeu_ps(y + t * ys, sum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));
+    } else {
+      for (int r = 0; r < R; ++r) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);
+    }
+  }
+}
+
 // nib128 (W4A8 on AVX-512 CPUs; decode, batched decode and prefill alike): per 128 codes 64
 // bytes, byte i holding code 128c+i in its low nibble and 128c+64+i in its high one, so one
 // 64-byte load and an AND (or a shift and an AND) give 64 consecutive unsigned codes for
@@ -506,27 +533,7 @@ __attribute__((target(EDGE_AVX512))) inline __m128 sum4(__m512 a, __m512 b, __m5
       ++g0;                                                                                           \
     }                                                                                                 \
   }                                                                                                   \
-  for (int r = 0; r < R; ++r) {                                                                       \
-    __m512 corr[T];                                                                                   \
-    for (int t = 0; t < T; ++t) corr[t] = _mm512_setzero_ps();                                        \
-    for (int64_t g = 0; g < G; g += 16) {                                                             \
-      const __mmask16 mk = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);       \
-      const __m512 z = w.z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                                 \
-                                 _mm_maskz_loadu_epi8(mk, w.z + (row + r) * G + g)))                  \
-                           : _mm512_set1_ps(8.f);                                                     \
-      const __m512 zs = _mm512_mul_ps(z, _mm512_maskz_loadu_ps(mk, w.s + (row + r) * G + g));          \
-      for (int t = 0; t < T; ++t)                                                                     \
-        corr[t] = _mm512_fmadd_ps(zs, _mm512_maskz_loadu_ps(mk, xs + t * G + g), corr[t]);            \
-    }                                                                                                 \
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_sub_ps(acc[r][t], corr[t]);                        \
-  }                                                                                                   \
-  for (int t = 0; t < T; ++t) {                                                                       \
-    if constexpr (R == 4) {                                                                           \
-      _mm_storeu_ps(y + t * ys, sum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));                    \
-    } else {                                                                                          \
-      for (int r = 0; r < R; ++r) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);                    \
-    }                                                                                                 \
-  }
+  finish_w4a8_tile<R, T>(w, row, acc, xs, y, ys);
 
 // R rows against T tokens (int8 activations xq [T, K], scales sx and group sums xs [T,
 // groups]) into y[t * ys + r]. PREFETCH for rows streamed from memory once (decode), not for a
@@ -598,27 +605,7 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), _mm512_mul_ps(wsc, xsc[t]), acc[r][t]); \
     }                                                                                                 \
   }                                                                                                   \
-  for (int r = 0; r < R; ++r) {                                                                       \
-    __m512 corr[T];                                                                                   \
-    for (int t = 0; t < T; ++t) corr[t] = _mm512_setzero_ps();                                        \
-    for (int64_t g = 0; g < G; g += 16) {                                                             \
-      const __mmask16 mg = G - g >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (G - g)) - 1);       \
-      const __m512 z = w.z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(                                 \
-                                 _mm_maskz_loadu_epi8(mg, w.z + (row + r) * G + g)))                  \
-                           : _mm512_set1_ps(8.f);                                                     \
-      const __m512 zs = _mm512_mul_ps(z, _mm512_maskz_loadu_ps(mg, w.s + (row + r) * G + g));          \
-      for (int t = 0; t < T; ++t)                                                                     \
-        corr[t] = _mm512_fmadd_ps(zs, _mm512_maskz_loadu_ps(mg, xs + t * G + g), corr[t]);            \
-    }                                                                                                 \
-    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_sub_ps(acc[r][t], corr[t]);                        \
-  }                                                                                                   \
-  for (int t = 0; t < T; ++t) {                                                                       \
-    if constexpr (R == 4) {                                                                           \
-      _mm_storeu_ps(y + t * ys, sum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]));                    \
-    } else {                                                                                          \
-      for (int r = 0; r < R; ++r) y[t * ys + r] = _mm512_reduce_add_ps(acc[r][t]);                    \
-    }                                                                                                 \
-  }
+  finish_w4a8_tile<R, T>(w, row, acc, xs, y, ys);
 
 template <int R, int T, bool PREFETCH>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_lanes1k_vnni(const Weights& w, int64_t row, const int8_t* xq,
