@@ -115,13 +115,32 @@ def ratio_table(records: list[Record], pool: list[Record] | None = None) -> str:
     return md_table(ratio_header(records), rows)
 
 
-def header(all_records: list[Record], shown: list[Record]) -> str:
+def provenance(shown: list[Record], extra: tuple[str, ...] = ()) -> list[str]:
+    """A rendered page's provenance bullets for the records it shows: machines, when, git
+    state, any `extra` bullets, the commands; then a warning if any was measured past the
+    guard (`--force`)."""
     cpus = sorted({f"{r.cpu_model} ({r.isa})" for r in shown})
     commits = sorted({(r.git_commit or "?")[:10] + ("+dirty" if r.git_dirty else "")
                       for r in shown})
     commands = list(dict.fromkeys(r.command for r in shown if r.command))
     times = sorted(r.timestamp for r in shown)
     overridden = [r for r in shown if r.guard != "ok"]
+    lines = [
+        f"- machine: {'; '.join(cpus)}",
+        f"- measured: {times[0] if times else '?'} .. {times[-1] if times else '?'}",
+        f"- git: {', '.join(commits)}",
+        *extra,
+        "- commands:",
+        *[f"  - `{c}`" for c in commands],
+    ]
+    if overridden:
+        lines += ["", f"**Warning: {len(overridden)} of these results were measured with the "
+                  "contention guard overridden (`--force`) on a busy machine: treat them as "
+                  "smoke tests, not as speed figures.**"]
+    return lines
+
+
+def header(all_records: list[Record], shown: list[Record]) -> str:
     lines = [
         "# edge-infer benchmark results",
         "",
@@ -131,16 +150,8 @@ def header(all_records: list[Record], shown: list[Record]) -> str:
         "after one warm-up; engines interleaved; every engine pinned to the same physical "
         "cores with the same thread count.",
         "",
-        f"- machine: {'; '.join(cpus)}",
-        f"- measured: {times[0] if times else '?'} .. {times[-1] if times else '?'}",
-        f"- git: {', '.join(commits)}",
-        "- commands:",
-        *[f"  - `{c}`" for c in commands],
+        *provenance(shown),
     ]
-    if overridden:
-        lines += ["", f"**Warning: {len(overridden)} of these results were measured with the "
-                  "contention guard overridden (`--force`) on a busy machine: treat them as "
-                  "smoke tests, not as speed figures.**"]
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from edge_harness.record import Record, read_records
 from edge_harness.report.printers import md_table
-from edge_harness.report.render import latest
+from edge_harness.report.render import latest, provenance
 
 KIND = "serve"  # bench.serve.KIND (not imported: that module imports the servers' machinery)
 COLUMNS = ["concurrency", "engine", "quant", "output tok/s", "req/s", "TTFT p50 ms",
@@ -87,14 +87,8 @@ def render(results: Path, out: Path) -> Path:
 
 
 def header(shown: list[Record]) -> str:
-    cpus = sorted({f"{r.cpu_model} ({r.isa})" for r in shown})
-    commits = sorted({(r.git_commit or "?")[:10] + ("+dirty" if r.git_dirty else "")
-                      for r in shown})
     servers = sorted({r.engine_version for r in shown})
-    commands = list(dict.fromkeys(r.command for r in shown if r.command))
     clients = sorted({r.extra["client"]["tool"] for r in shown})
-    overridden = [r for r in shown if r.guard != "ok"]
-    times = sorted(r.timestamp for r in shown)
     lines = [
         "# Serving under load: edge-infer serve against llama-server",
         "",
@@ -106,17 +100,8 @@ def header(shown: list[Record]) -> str:
         "request per slot, then the measured window. TTFT: time to first token; TPOT: time "
         "per output token after the first, per request.",
         "",
-        f"- machine: {'; '.join(cpus)}",
-        f"- measured: {times[0] if times else '?'} .. {times[-1] if times else '?'}",
-        f"- git: {', '.join(commits)}",
-        f"- servers: {'; '.join(servers)}",
-        "- commands:",
-        *[f"  - `{c}`" for c in commands],
+        *provenance(shown, (f"- servers: {'; '.join(servers)}",)),
     ]
-    if overridden:
-        lines += ["", f"**Warning: {len(overridden)} of these results were measured with the "
-                  "contention guard overridden (`--force`) on a busy machine: treat them as "
-                  "smoke tests, not as speed figures.**"]
     return "\n".join(lines) + "\n"
 
 
