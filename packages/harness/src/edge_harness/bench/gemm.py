@@ -189,6 +189,19 @@ def dot_peaks(threads: int, seconds: float = 0.2, samples: int = 7) -> dict[str,
 
 
 # -- planning side: `edge-infer bench gemm` -------------------------------------------------
+def _guarded(guard, cores: list[int], what: str, label: str, fn: str):
+    """`fn(threads=len(cores))` in a child pinned to `cores`, judged by the guard before and
+    during: (its result, the verdict)."""
+    from edge_harness.isolation.child import Worker
+
+    verdict = guard.verdict().add(*guard.check_idle(what))
+    with Worker(cores, {"OMP_NUM_THREADS": str(len(cores))}, label=label) as w:
+        with guard.watch(w.pid) as watch:
+            result = w.request("call", fn=fn, kwargs={"threads": len(cores)})["result"]
+    verdict.add(guard.judge(watch.reading, what), watch.reading)
+    return result, verdict
+
+
 def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: float = 0.3,
         ms: list[int] | None = None, kernels: list[str] | None = None, say=print) -> None:
     """Measure every model's shapes in one pinned child; one record per (shape, M, impl)."""
@@ -199,25 +212,15 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
     threads = len(cores)
     # The cost of one parallel region depends on the threads, not the model: measured once.
     for t in sorted({1, threads}):
-        what = f"the parallel-region measurement at {t} thread(s)"
-        verdict = guard.verdict().add(*guard.check_idle(what))
-        with Worker(cores[:t], {"OMP_NUM_THREADS": str(t)}, label="parallel-region") as w:
-            with guard.watch(w.pid) as watch:
-                us = w.request("call", fn="edge_harness.bench.gemm:region_cost",
-                               kwargs={"threads": t})["result"]
-        verdict.add(guard.judge(watch.reading, what), watch.reading)
+        us, verdict = _guarded(guard, cores[:t], f"the parallel-region measurement at {t} thread(s)",
+                               "parallel-region", "edge_harness.bench.gemm:region_cost")
         rec = record(engine="at::parallel_for", engine_version=_torch_version(), model="-",
                      quant="-", test="parallel_region", samples=us, unit="us", threads=t,
                      cores=cores[:t], **verdict.fields(), extra={})
         emit(rec)
         say(f"parallel region at {t} thread(s): {rec.median:.2f} us (median of {len(us)})")
-        what = f"the dot-instruction peaks at {t} thread(s)"
-        verdict = guard.verdict().add(*guard.check_idle(what))
-        with Worker(cores[:t], {"OMP_NUM_THREADS": str(t)}, label="dot-peak") as w:
-            with guard.watch(w.pid) as watch:
-                peaks = w.request("call", fn="edge_harness.bench.gemm:dot_peaks",
-                                  kwargs={"threads": t})["result"]
-        verdict.add(guard.judge(watch.reading, what), watch.reading)
+        peaks, verdict = _guarded(guard, cores[:t], f"the dot-instruction peaks at {t} thread(s)",
+                                  "dot-peak", "edge_harness.bench.gemm:dot_peaks")
         for instr, gmacs in peaks.items():
             short = instr.split(" (")[0].replace(" ", "-")  # e.g. vpdpbusd-zmm: the key
             rec = record(engine="dot_peak", engine_version=_torch_version(), model="-",
