@@ -36,6 +36,20 @@ def test_a_server_that_exits_is_reported_with_its_log(tmp_path):
     process.stop(proc)  # already gone: a no-op
 
 
+def test_any_server_command_is_launched_pinned_and_named_in_its_error(tmp_path):
+    """`launch` is what llama-server starts through too: its own process group, pinned to the
+    given cores from birth, and the error names the server it was told."""
+    import os
+    import sys
+
+    log = tmp_path / "other.log"
+    code = "import os, sys; print(sorted(os.sched_getaffinity(0)), os.getpgid(0) == os.getpid()); sys.exit(3)"
+    proc = process.launch([sys.executable, "-c", code], log, None, cores=[0])
+    with pytest.raises(process.ServeFailed, match="llama-server exited with 3(.|\n)*\\[0\\] True"):
+        process.wait_healthy(proc, f"http://127.0.0.1:{process.free_port()}", 60, log, what="llama-server")
+    assert os.sched_getaffinity(0) != {0} or os.cpu_count() == 1  # only the child was pinned
+
+
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"

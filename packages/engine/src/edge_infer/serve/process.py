@@ -41,11 +41,18 @@ def spawn(args: list[str], log: Path | None = None, env: dict[str, str] | None =
     starts, the engine core's included, stays there."""
     port = free_port()
     cmd = [sys.executable, "-m", "edge_infer", "serve", "--port", str(port), *args]
+    return launch(cmd, log, {**os.environ, **(env or {})}, cores), f"http://127.0.0.1:{port}"
+
+
+def launch(cmd: list[str], log: Path | None, env: dict[str, str] | None,
+           cores: list[int] | None = None) -> subprocess.Popen:
+    """Any server command (ours, or llama.cpp's llama-server) in a process group of its own, its
+    output into `log` (or nowhere), born pinned to `cores` when given; `env` is the whole
+    environment (None: this one)."""
     pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
     with open(log, "w") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
-                                start_new_session=True, env={**os.environ, **(env or {})})
-    return proc, f"http://127.0.0.1:{port}"
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pin,
+                                start_new_session=True, env=env)
 
 
 def healthy(base: str) -> bool:
@@ -57,18 +64,19 @@ def healthy(base: str) -> bool:
 
 
 def wait_healthy(proc: subprocess.Popen, base: str, timeout: float,
-                 log: Path | None = None) -> None:
-    """Until /health answers 200. ServeFailed, quoting the end of `log`, when the server exits
-    first or `timeout` seconds pass (the server is then killed)."""
+                 log: Path | None = None, what: str = "edge-infer serve") -> None:
+    """Until /health answers 200 (llama-server: once its model is loaded). ServeFailed, naming
+    `what` and quoting the end of `log`, when the server exits first or `timeout` seconds pass
+    (the server is then killed)."""
     deadline = time.monotonic() + timeout
     while not healthy(base):
         if proc.poll() is not None:
-            raise ServeFailed(f"edge-infer serve exited with {proc.returncode}{_tail(log)}")
+            raise ServeFailed(f"{what} exited with {proc.returncode}{_tail(log)}")
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise ServeFailed(f"edge-infer serve not healthy after {timeout:.0f} s{_tail(log)}")
-        time.sleep(2)
+            raise ServeFailed(f"{what} not healthy after {timeout:.0f} s{_tail(log)}")
+        time.sleep(1)
 
 
 def start(args: list[str], log: Path, timeout: float, env: dict[str, str] | None = None,

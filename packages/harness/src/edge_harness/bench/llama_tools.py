@@ -21,7 +21,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from edge_harness.bench import gguf_build
-from edge_infer.api import EdgeInferError
+from edge_infer.api import EdgeInferError, free_port, serve_process
 
 LLAMA_BENCH = "llama-bench"
 LLAMA_SERVER = "llama-server"
@@ -155,3 +155,23 @@ def tool_version(binary: Path) -> dict[str, str]:
     built = next((ln.strip() for ln in text.splitlines() if ln.startswith("built with")), "")
     return {"version": match[1], "build_number": match[2], "build_commit": match[3],
             "compiler": built.removeprefix("built with ")}
+
+
+def start_server(gguf: str, alias: str, log: Path, *, slots: int, ctx_per_slot: int,
+                 threads: int | None = None, cores: list[int] | None = None,
+                 timeout: float = 900) -> tuple[subprocess.Popen, str, list[str]]:
+    """`llama-server` on `gguf` at a free loopback port with `slots` parallel slots of
+    `ctx_per_slot` tokens each (continuous batching), pinned to `cores` when given, once /health
+    answers: the process, its base URL, and its argv as a record shows it (file name, no port).
+    The one launcher of llama-server here (the serving benchmark and the task evaluation)."""
+    binary = tool_path(LLAMA_SERVER)
+    port = free_port()
+    args = ["-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-a", alias,
+            "-np", str(slots), "-c", str(slots * ctx_per_slot), "--cont-batching"]
+    if threads:
+        args += ["-t", str(threads), "-tb", str(threads)]
+    shown = [LLAMA_SERVER, "-m", Path(gguf).name, *[a if a != str(port) else "PORT" for a in args[2:]]]
+    proc = serve_process.launch([str(binary), *args], log, tool_env(binary), cores)
+    base = f"http://127.0.0.1:{port}"
+    serve_process.wait_healthy(proc, base, timeout, log, what=LLAMA_SERVER)
+    return proc, base, shown

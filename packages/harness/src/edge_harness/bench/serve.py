@@ -34,12 +34,11 @@ import math
 import os
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_harness.bench.llama_tools import LLAMA_SERVER, tool_env, tool_path, tool_version
+from edge_harness.bench.llama_tools import LLAMA_SERVER, start_server, tool_path, tool_version
 from edge_harness.bench.run import Bench, EngineSpec, Isolation, Plan, resolve_model, say
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.isolation.guard import Guard
@@ -190,18 +189,8 @@ class Server:
 
     def wait(self, base: str) -> str:
         """Until /health answers; a one-line error quoting the log's end otherwise."""
-        deadline = time.monotonic() + self.plan.start_timeout
-        while not serve_process.healthy(base):
-            if self.proc.poll() is not None:
-                raise EdgeInferError(f"{self.engine}'s server exited with {self.proc.returncode} "
-                                     f"before answering /health; its log {self.log} ends:\n"
-                                     + _tail(self.log))
-            if time.monotonic() > deadline:
-                self.stop()
-                raise EdgeInferError(f"{self.engine}'s server did not answer /health within "
-                                     f"{self.plan.start_timeout:.0f} s (--start-timeout); its "
-                                     f"log {self.log} ends:\n" + _tail(self.log))
-            time.sleep(1)
+        serve_process.wait_healthy(self.proc, base, self.plan.start_timeout, self.log,
+                                   what=f"{self.engine}'s server (--start-timeout)")
         return base
 
     def stop(self) -> None:
@@ -268,24 +257,15 @@ class LlamaServer(Server):
         return self.plan.shared_prefix > 0
 
     def start(self, slots: int) -> str:
-        port = serve_process.free_port()
         ctx = self.plan.ctx_per_slot
-        args = ["-m", self.build.path, "--host", "127.0.0.1", "--port", str(port),
-                "-a", self.model.name, "-t", str(self.threads), "-tb", str(self.threads),
-                "-np", str(slots), "-c", str(slots * ctx), "--cont-batching"]
-        self.facts = {"argv": [LLAMA_SERVER, *args[:1], Path(self.build.path).name,
-                               *[a if a != str(port) else "PORT" for a in args[2:]]],
-                      "slots": slots, "ctx_per_slot": ctx, "build_commit": self.tool["build_commit"],
+        self.facts = {"slots": slots, "ctx_per_slot": ctx, "build_commit": self.tool["build_commit"],
                       "build_number": self.tool["build_number"], "compiler": self.tool["compiler"]}
         say(f"start {LLAMA_SERVER} {Path(self.build.path).name} on cores {self.cores} "
             f"(-np {slots}, -c {slots * ctx})")
-        cores = self.cores
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([str(self.binary), *args], stdout=log,
-                                         stderr=subprocess.STDOUT, env=tool_env(self.binary),
-                                         start_new_session=True,
-                                         preexec_fn=lambda: os.sched_setaffinity(0, cores))
-        return self.wait(f"http://127.0.0.1:{port}")
+        self.proc, base, self.facts["argv"] = start_server(
+            self.build.path, self.model.name, self.log, slots=slots, ctx_per_slot=ctx,
+            threads=self.threads, cores=self.cores, timeout=self.plan.start_timeout)
+        return base
 
 
 SERVERS = {"ours": OursServer, "llama.cpp": LlamaServer}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge_harness.runners.base import ModelRef
-from edge_infer.api import REGISTRY, EdgeInferError, ServeFailed, serve_start, serve_stop
+from edge_infer.api import REGISTRY, ServeFailed, serve_start, serve_stop
 
 START_TIMEOUT_S = 900  # a cold start quantizes nothing (built before), but vLLM init is slow here
 
@@ -66,49 +65,21 @@ def _activations(log: Path) -> str | None:
 @contextlib.contextmanager
 def llamacpp(model: ModelRef, quant: str, log: Path) -> Iterator[Served]:
     """llama.cpp's own `llama-server` on the build's GGUF, one slot, from the tools we build from
-    the pinned llama-cpp-python sdist (bench/llama_tools.py)."""
+    the pinned llama-cpp-python sdist (bench/llama_tools.py, whose launcher the serving benchmark
+    shares)."""
     from edge_harness.bench import llama_tools
     from edge_harness.runners.llamacpp import LlamaCppRunner
-    from edge_infer.api import free_port
 
-    server = "llama-server"
-    if server not in llama_tools.TOOLS:
-        raise EdgeInferError(f"{server} is not among the llama.cpp tools this harness builds "
-                             f"({', '.join(llama_tools.TOOLS)}); until it is, start one yourself "
-                             f"and pass --server llama.cpp:{quant}=http://HOST:PORT")
-    binary = llama_tools.tool_path(server)
     build = LlamaCppRunner.prepare(model, quant)  # the GGUF (converted / quantized once)
-    port = free_port()
-    cmd = [str(binary), "-m", build.path, "--host", "127.0.0.1", "--port", str(port),
-           "-np", "1", "-c", "4096", "--alias", f"{model.name}-{quant}"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=llama_tools.tool_env(binary))
+    name = f"{model.name}-{quant}"
+    proc, base, _ = llama_tools.start_server(build.path, name, log, slots=1, ctx_per_slot=4096,
+                                             timeout=START_TIMEOUT_S)
     try:
-        _wait_health(proc, f"http://127.0.0.1:{port}", server, log)
-        yield Served(f"http://127.0.0.1:{port}", f"{model.name}-{quant}",
-                     {"server": server, **llama_tools.tool_version(binary),
-                      "bits_per_weight": round(build.bits_per_weight, 4)})
+        binary = llama_tools.tool_path(llama_tools.LLAMA_SERVER)
+        yield Served(base, name, {"server": llama_tools.LLAMA_SERVER, **llama_tools.tool_version(binary),
+                                  "bits_per_weight": round(build.bits_per_weight, 4)})
     finally:
         serve_stop(proc)
-
-
-def _wait_health(proc: subprocess.Popen, base: str, what: str, log: Path) -> None:
-    """Until GET /health answers 200 (llama-server: once the model is loaded)."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:  # not listening yet, or 503 while loading
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-2000:]
-            why = f"exited with {proc.returncode}" if proc.poll() is not None else (
-                f"not healthy after {START_TIMEOUT_S} s")
-            raise ServeFailed(f"{what} {why}; its log {log} ends:\n{tail}")
-        time.sleep(1)
 
 
 STARTERS: dict[str, Starter] = {"ours": ours, "llama.cpp": llamacpp}
