@@ -246,6 +246,28 @@ def test_a_one_core_burst_the_mean_passes_is_refused(tmp_path, engine, burst):
     assert verdict.fields()["guard_peak_load"] == pytest.approx(reading.peak, abs=1e-4)
 
 
+def test_a_long_run_judges_its_peak_over_one_percent_of_it(tmp_path):
+    """400 s of serving: a 0.5 s blip on one core is 0.1% of the run and passes; the same core
+    taken for 8 s (2% of the run, so one whole 4 s window wherever the windows fall) is
+    refused. The record says over what window."""
+    guard = Guard([0, 1], threshold=0.15, topology=no_smt(tmp_path))
+    engine = {0: 0.5, 1: 0.5}  # a server waiting on its client half the time
+    blip = [engine] * 800
+    blip[300] = {0: 0.5, 1: 1.0}  # cpu1's idle half taken by something else for 0.5 s
+    reading = guard.reading_during(samples(blip, [1.0] * 800))
+    assert reading.peak_seconds == pytest.approx(4.0)
+    assert 0.01 < reading.peak < 0.15 and guard.judge(reading, "a test") == "ok"
+    verdict = guard.verdict().add("ok", reading)
+    assert verdict.fields()["guard_peak_window"] == pytest.approx(4.0)
+    taken = [engine] * 800
+    for i in range(300, 316):
+        taken[i] = {0: 0.5, 1: 1.0}
+    reading = guard.reading_during(samples(taken, [1.0] * 800))
+    assert reading.peak > 0.15
+    with pytest.raises(GuardRefused, match=r"worst one core cpu1 .* over 4\.0 s"):
+        guard.judge(reading, "a test")
+
+
 def test_an_engine_alone_with_uneven_threads_is_not_foreign(tmp_path):
     """The child's own time is not placed on a core by the counters: a main thread at 100%
     beside a worker at 40% must not read as foreign load on the main thread's core."""

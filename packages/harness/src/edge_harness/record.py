@@ -50,6 +50,7 @@ class Record:
     guard_threshold: float | None = None
     guard_window: float | None = None  # seconds sampled before each measurement
     guard_sub_window: float | None = None  # seconds per sample during one
+    guard_peak_window: float | None = None  # seconds the peak was judged over (>= 1% of the run)
     # Roofline (decode tests): weight bytes read per token x tok/s, against the ceiling.
     weight_bytes_per_token: int | None = None
     achieved_gbs: float | None = None
