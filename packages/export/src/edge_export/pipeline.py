@@ -214,9 +214,10 @@ def export_xnnpack(job: Job, target: Target, eval_windows, ref, record) -> None:
 
     req, model = job.req, job.model
     t0 = time.perf_counter()
-    quantize_in_place(model, target.scheme, req.group_size)
+    recipe = quantize_in_place(model, target.scheme, req.group_size)
     quantize_s = time.perf_counter() - t0
-    if target.scheme != "fp32":
+    if recipe is not None:
+        record["recipe"] = recipe.as_record()
         record["eager_sqnr_db"] = job.score(lambda a: model(*a), eval_windows, ref)
         record["group_size"] = req.group_size if target.scheme == "8da4w" else None
         log.info("%s in eager: %.1f dB", target.scheme, record["eager_sqnr_db"])
