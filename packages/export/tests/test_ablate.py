@@ -135,6 +135,8 @@ def test_ablate_writes_one_eager_record_per_variant(tiny_llama, tmp_path):
                   shape=StaticShape(8, 24), record_path=path)
     saved = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["variant"] for r in saved] == names
+    # one provenance for the run: appending its own rows does not make the later ones dirty
+    assert len({r["git_commit"] for r in saved}) == 1
     for r in rows:
         assert r["measured"] == "eager" and r["target"] == "xnnpack-8da4w"
         assert 0.0 <= r["same_top_pct"] <= 100.0 and r["kl_mean"] > 0

@@ -20,7 +20,7 @@ from edge_export import records
 from edge_export.decoder import StaticDecoder, StaticShape, sink_prefix, window_tokens
 from edge_export.sqnr import logit_agreement, sqnr_db
 from edge_export.xnnpack.lower import Recipe, apply_recipe
-from edge_infer.api import OTHER_CORPUS, UsageError
+from edge_infer.api import OTHER_CORPUS, UsageError, utc_now
 
 log = logging.getLogger("edge_export")
 
@@ -116,6 +116,9 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
             scored[with_prefix] = _Scored(prefix, length, ws, torch.cat(refs, dim=1))
         return scored[with_prefix]
 
+    # provenance once, before the first row is appended: each append dirties the results file
+    # itself, which must not mark the later rows of the same run "-dirty"
+    provenance = records.stamp({})
     out = []
     for name in names:
         v = VARIANTS[name]
@@ -167,7 +170,7 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
             "artifact": None,
             "size_bytes": None,
         }
-        records.stamp(record)
+        record.update(provenance, created=utc_now())
         log.info("%s: SQNR %.2f dB, same top %.2f%%, KL %.4f", name, record["sqnr_db"],
                  record["same_top_pct"], record["kl_mean"])
         if record_path is not None:
