@@ -23,13 +23,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         + "; ".join(f"{name}: {t.help}" for name, t in TARGETS.items()),
     )
     p.add_argument("model", metavar="MODEL", help="folder or model name (see `models list`)")
-    p.add_argument("--target", required=True, choices=sorted(TARGETS), metavar="T",
-                   help=", ".join(TARGETS))
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="folder the export is written to")
+    p.add_argument("--target", choices=sorted(TARGETS), metavar="T",
+                   help=", ".join(TARGETS) + " (required unless --ablate)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="folder the export is written to (required unless --ablate)")
+    p.add_argument("--ablate", action="store_true",
+                   help="no export: score the 8da4w variants (head bits, group, weight-only, "
+                   "sink prefix, SmoothQuant) in eager, one record each (edge_export.ablate)")
+    p.add_argument("--variants", default=None, metavar="NAMES",
+                   help="--ablate: variants separated by ';' (default: all)")
+    p.add_argument("--allow-dirty", action="store_true",
+                   help="--ablate: write to docs/results even from a dirty git tree")
     p.add_argument("--unit", choices=("decoder", "block"), default="decoder",
                    help="the whole decoder, or its first transformer block (the quick unit)")
     p.add_argument("--calibration", type=int, default=16, metavar="N",
-                   help="calibration windows (QNN, AI Hub); 0 = uncalibrated (default 16)")
+                   help="calibration windows (QNN, AI Hub; xnnpack-8da4w: for its SmoothQuant "
+                   "scales); 0 = uncalibrated (default 16)")
     p.add_argument("--corpus", dest="calibration_corpus", default="lee",
                    choices=("lee", "shakespeare", "builtin"),
                    help="calibration corpus; scoring uses the other one (default lee)")
@@ -57,8 +66,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from edge_export.targets import preflight
+    from edge_infer.api import UsageError
 
     logging.getLogger("edge_export").setLevel(logging.INFO)
+    if args.ablate:
+        return cmd_ablate(args)
+    if args.target is None or args.out is None:
+        raise UsageError("export needs --target T and --out DIR (or --ablate, which needs "
+                         "neither)")
     client = preflight(args.target, unit=args.unit, calibration=args.calibration,
                        eval_sequences=args.eval_sequences, require_sdk=args.require_sdk)
     from edge_export.decoder import StaticShape
@@ -81,4 +96,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     if record.get("needs"):
         print(f"to go further: {record['needs']}")
     print(f"record: {args.out / 'record.json'}", file=sys.stderr)
+    return 0
+
+
+def cmd_ablate(args: argparse.Namespace) -> int:
+    from edge_export.ablate import ablate
+    from edge_export.decoder import StaticShape
+    from edge_infer.api import require_clean
+
+    require_clean(args.record, args.allow_dirty)  # a published figure names its commit
+    names = [n.strip() for n in args.variants.split(";")] if args.variants else None
+    rows = ablate(args.model, names, eval_sequences=args.eval_sequences,
+                  calibration=args.calibration or 16, calibration_corpus=args.calibration_corpus,
+                  shape=StaticShape(args.chunk, args.context), record_path=args.record)
+    width = max(len(r["variant"]) for r in rows)
+    print(f"{'variant':{width}}  SQNR dB  same top %  KL")
+    for r in rows:
+        print(f"{r['variant']:{width}}  {r['sqnr_db']:7.2f}  {r['same_top_pct']:10.2f}  "
+              f"{r['kl_mean']:.4f}")
     return 0

@@ -210,13 +210,16 @@ def _artifact_name(job: Job, record: dict, suffix: str, tag: str = "") -> str:
 
 
 def export_xnnpack(job: Job, target: Target, eval_windows, ref, record) -> None:
-    from edge_export.xnnpack.lower import PteRunner, quantize_in_place, to_pte
+    from edge_export.xnnpack.lower import SMOOTH_ALPHA, PteRunner, quantize_in_place, to_pte
 
     req, model = job.req, job.model
     t0 = time.perf_counter()
-    quantize_in_place(model, target.scheme, req.group_size)
+    if target.scheme == "8da4w" and req.calibration and SMOOTH_ALPHA is not None:
+        _smooth(job, record)
+    recipe = quantize_in_place(model, target.scheme, req.group_size)
     quantize_s = time.perf_counter() - t0
-    if target.scheme != "fp32":
+    if recipe is not None:
+        record["recipe"] = recipe.as_record()
         record["eager_sqnr_db"] = job.score(lambda a: model(*a), eval_windows, ref)
         record["group_size"] = req.group_size if target.scheme == "8da4w" else None
         log.info("%s in eager: %.1f dB", target.scheme, record["eager_sqnr_db"])
@@ -231,6 +234,21 @@ def export_xnnpack(job: Job, target: Target, eval_windows, ref, record) -> None:
     record["sqnr_db"] = job.score(PteRunner(pte), eval_windows, ref)
     record["eval_s"] = time.perf_counter() - t2
     record["measured"] = "pte"
+
+
+def _smooth(job: Job, record: dict) -> None:
+    """SmoothQuant scales from the float model's activations on the calibration windows,
+    folded into the RMSNorms and linears before 8da4w rounds them (edge_export.smooth)."""
+    from edge_export.smooth import input_absmax, smooth_in_place
+    from edge_export.xnnpack.lower import SMOOTH_ALPHA
+
+    model = job.model
+    layers = model.layers if isinstance(model, StaticDecoder) else torch.nn.ModuleList(
+        [model.block])
+    windows = _calibration(job, record)
+    stats = input_absmax(layers, lambda w: job.feed(lambda a: model(*a), w), windows)
+    smooth_in_place(layers, stats, SMOOTH_ALPHA)
+    record["smooth"] = {"alpha": SMOOTH_ALPHA, "statistic": "max |x| per input channel"}
 
 
 def _calibration(job: Job, record: dict) -> list[torch.Tensor]:

@@ -72,11 +72,15 @@ def _fmt_size(n) -> str:
 
 
 def key(record: dict) -> tuple:
-    """What a newer record replaces: same model, unit, target, calibration samples and sink
-    prefix."""
+    """What a newer record replaces: same model, unit, target, calibration samples, sink
+    prefix and ablation variant (None for an export)."""
     cal = (record.get("calibration") or {}).get("samples")
     return (record["model"], record["unit"], record["target"], cal,
-            bool(record.get("sink_prefix")))
+            bool(record.get("sink_prefix")), record.get("variant"))
+
+
+def _is_ablation(record: dict) -> bool:
+    return record.get("measured") == "eager"
 
 
 AIHUB_ROW = ("| {model} | decoder | aihub | - | - | not run | - | - | needs AI Hub credentials "
@@ -85,7 +89,9 @@ AIHUB_ROW = ("| {model} | decoder | aihub | - | - | not run | - | - | needs AI H
 
 
 def render_markdown(records: list[dict], command: str = "nox -s export") -> str:
-    rows = latest(records, key)
+    newest = latest(records, key)
+    rows = [r for r in newest if not _is_ablation(r)]
+    ablation = [r for r in newest if _is_ablation(r)]
     lines = [
         "# Export: SQNR of exported graphs against the float eager reference",
         "",
@@ -142,7 +148,35 @@ def render_markdown(records: list[dict], command: str = "nox -s export") -> str:
                 lines.append(f"- {r['model']} {r['target']} ({_calibration_label(r)}): "
                              f"{_fmt_db(r['sqnr_db'])} dB vs >= {r['target_sqnr_db']} dB: "
                              f"{'met' if ok else 'NOT met'}")
+    if ablation:
+        lines += ["", *_render_ablation(ablation)]
     return "\n".join(lines) + "\n"
+
+
+def _render_ablation(rows: list[dict]) -> list[str]:
+    """The 8da4w variants scored in eager (`edge-infer export MODEL --ablate`)."""
+    lines = [
+        "## 8da4w ablation, in eager",
+        "",
+        "Generated from the `measured: eager` records of `edge-infer export MODEL --ablate "
+        "--record docs/results/export.jsonl`: each variant quantized with torchao and run in "
+        "eager (no lowering), scored like the rows above. Same top = % of scored positions "
+        "whose argmax agrees with the float model's; KL = mean KL(P_float || P_variant) per "
+        "position, in nats.",
+        "",
+        "| model | variant | what it isolates | SQNR dB | same top % | KL | git |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["model"], r["created"])):
+        lines.append(
+            f"| {r['model']} | {r['variant']} | {r.get('variant_why', '')} | "
+            f"{_fmt_db(r['sqnr_db'])} | {r['same_top_pct']:.2f} | {r['kl_mean']:.4f} | "
+            f"{(r.get('git_commit') or '-')[:12]} |")
+    first = rows[0]
+    ev = first.get("eval", {})
+    lines += ["", f"Scored on {ev.get('sequences')} windows from `{ev.get('corpus')}`; "
+              f"versions: {', '.join(f'{k} {v}' for k, v in first['versions'].items() if v)}."]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,177 @@
+"""The 8da4w recipes, SmoothQuant folding, the logit metrics and the eager ablation, on a tiny
+random model (seconds)."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import build_tiny
+from edge_export import records
+from edge_export.sqnr import logit_agreement
+from edge_export.xnnpack.lower import HEAD_BITS, Recipe, apply_recipe, scheme_recipe
+
+
+def _decoder(path):
+    from transformers import AutoModelForCausalLM
+
+    from edge_export.decoder import StaticDecoder
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return hf, StaticDecoder(hf, "xnnpack").eval()
+
+
+def _dequantized(linear) -> torch.Tensor:
+    w = linear.weight
+    return (w.dequantize() if hasattr(w, "dequantize") else w).detach().float()
+
+
+def _max_levels_per_group(w: torch.Tensor, group: int) -> int:
+    groups = w.reshape(-1, group)
+    return max(len(torch.unique(g)) for g in groups)
+
+
+def test_8da4w_default_keeps_the_head_at_8_bits():
+    recipe = scheme_recipe("8da4w", 32)
+    assert (recipe.body_bits, recipe.group_size, recipe.head_bits) == (4, 32, HEAD_BITS)
+    assert HEAD_BITS == 8 and recipe.head_group_size == 0 and recipe.activations == "int8"
+    assert scheme_recipe("8da4w", 64, head_bits=4).head_bits == 4
+    with pytest.raises(ValueError, match="unknown XNNPACK scheme"):
+        scheme_recipe("w4a16", 32)
+
+
+@pytest.mark.parametrize("kw", [dict(body_bits=9), dict(head_bits=0),
+                                dict(activations="int4"), dict(group_size=-1)])
+def test_recipe_refuses_what_cannot_run(kw):
+    with pytest.raises(ValueError):
+        Recipe(**kw)
+
+
+def test_apply_recipe_quantizes_body_and_head_as_told(tiny_llama):
+    hf, model = _decoder(tiny_llama)
+    embed_before = model.embed_tokens.weight.detach().clone()
+    apply_recipe(model, Recipe(4, 32, 8, 0))
+    # body: int4 in groups of 32 -> at most 16 levels per group
+    assert _max_levels_per_group(_dequantized(model.layers[0].q_proj), 32) <= 16
+    assert _max_levels_per_group(_dequantized(model.layers[1].mlp.down_proj), 32) <= 16
+    # head: int8 per row -> more than 16 levels in some group of 32, at most 256 per row
+    head = _dequantized(model.lm_head)
+    assert _max_levels_per_group(head, 32) > 16
+    assert max(len(torch.unique(row)) for row in head) <= 256
+    # the tied embedding is left fp32 and unchanged
+    assert torch.equal(model.embed_tokens.weight.detach(), embed_before)
+
+
+def test_head_none_leaves_the_head_float(tiny_llama):
+    _, model = _decoder(tiny_llama)
+    before = model.lm_head.weight.detach().clone()
+    apply_recipe(model, Recipe(4, 32, None, activations="float"))
+    assert torch.equal(_dequantized(model.lm_head), before)
+    assert _max_levels_per_group(_dequantized(model.layers[0].o_proj), 32) <= 16
+
+
+def test_smoothing_is_exact_in_float_and_evens_out_the_activations(tiny_llama):
+    from edge_export.decoder import StaticShape, run_sequence
+    from edge_export.smooth import input_absmax, smooth_in_place
+
+    _, model = _decoder(tiny_llama)
+    shape = StaticShape(8, 24)
+    with torch.no_grad():  # an outlier input channel, as real models have
+        model.layers[0].input_layernorm.weight[3] = 40.0
+    tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+
+    def run(w):
+        return run_sequence(model, lambda a: model(*a), shape, w)
+
+    with torch.no_grad():
+        before = run(tokens)
+    stats = input_absmax(model.layers, run, [tokens])
+    assert len(stats) == 2 and stats[0]["input_layernorm"].shape == (64,)
+    assert int(stats[0]["input_layernorm"].argmax()) == 3
+    smooth_in_place(model.layers, stats, alpha=0.5)
+    with torch.no_grad():
+        after = run(tokens)
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    smoothed = input_absmax(model.layers, run, [tokens])[0]["input_layernorm"]
+    # the outlier channel's share of the range shrank
+    assert smoothed.max() / smoothed.median() < stats[0]["input_layernorm"].max() / \
+        stats[0]["input_layernorm"].median()
+
+
+def test_smooth_scales_limits():
+    from edge_export.smooth import smooth_scales
+
+    act = torch.tensor([1.0, 4.0, 16.0])
+    w = [torch.tensor([[2.0, 1.0, 0.5]]), torch.tensor([[-4.0, 0.1, 0.1]])]
+    torch.testing.assert_close(smooth_scales(act, w, 1.0), act)
+    torch.testing.assert_close(smooth_scales(act, w, 0.0), 1.0 / torch.tensor([4.0, 1.0, 0.5]))
+    with pytest.raises(ValueError, match="alpha"):
+        smooth_scales(act, w, 1.5)
+
+
+def test_logit_agreement():
+    ref = torch.tensor([[[3.0, 0.0, 0.0], [0.0, 2.0, 0.0]]])
+    same = logit_agreement(ref, ref.clone())
+    assert same["same_top_pct"] == 100.0 and same["kl_mean"] == pytest.approx(0.0, abs=1e-12)
+    flipped = ref.clone()
+    flipped[0, 1] = torch.tensor([0.0, 0.0, 2.0])  # second position's argmax moves
+    out = logit_agreement(ref, flipped)
+    assert out["same_top_pct"] == 50.0
+    p = torch.softmax(torch.tensor([0.0, 2.0, 0.0], dtype=torch.float64), 0)
+    q = torch.softmax(torch.tensor([0.0, 0.0, 2.0], dtype=torch.float64), 0)
+    assert out["kl_mean"] == pytest.approx(float((p * (p.log() - q.log())).sum()) / 2)
+    with pytest.raises(ValueError, match="shapes differ"):
+        logit_agreement(ref, ref[:, :1])
+
+
+def test_ablate_writes_one_eager_record_per_variant(tiny_llama, tmp_path):
+    from edge_export.ablate import ablate
+    from edge_export.decoder import StaticShape
+
+    path = tmp_path / "export.jsonl"
+    names = ["8da4w g32, head 4-bit", "fp32 body, head 4-bit",
+             "8da4w g32, head 8-bit, no sink prefix", "8da4w g32, head 8-bit, smooth 0.5"]
+    rows = ablate(str(tiny_llama), names, eval_sequences=1, calibration=2,
+                  shape=StaticShape(8, 24), record_path=path)
+    saved = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["variant"] for r in saved] == names
+    # one provenance for the run: appending its own rows does not make the later ones dirty
+    assert len({r["git_commit"] for r in saved}) == 1
+    for r in rows:
+        assert r["measured"] == "eager" and r["target"] == "xnnpack-8da4w"
+        assert 0.0 <= r["same_top_pct"] <= 100.0 and r["kl_mean"] > 0
+        assert 0 < r["sqnr_db"] < 100  # quantized: finite, and not the float model
+        for key in ("versions", "machine", "git_commit", "recipe", "eval", "created"):
+            assert key in r
+    by = {r["variant"]: r for r in rows}
+    assert by[names[2]]["sink_prefix"] is None and by[names[0]]["sink_prefix"]["token_id"] == 1
+    assert by[names[2]]["eval"]["tokens_per_sequence"] == 24  # no prefix: the whole window
+    assert by[names[3]]["smooth"]["alpha"] == 0.5 and by[names[3]]["smooth"]["samples"] == 2
+    assert by[names[1]]["recipe"]["body_bits"] is None
+    # the ablation rows render in their own table and never replace an export row
+    pte = dict(saved[0], variant=None, measured="pte", sqnr_db=9.0, size_bytes=2**20,
+               export_s=5.0, artifact="m.pte")
+    md = records.render_markdown([pte, *saved])
+    assert "## 8da4w ablation, in eager" in md
+    assert "| 8da4w g32, head 8-bit, smooth 0.5 |" in md
+    assert "| xnnpack-8da4w | n/a (dynamic) | 9.0 | pte |" in md
+
+
+def test_ablate_refuses_an_unknown_variant(tiny_llama):
+    from edge_export.ablate import ablate
+    from edge_infer.errors import UsageError
+
+    with pytest.raises(UsageError, match="unknown variant"):
+        ablate(str(tiny_llama), ["8da4w g33"])
+
+
+def test_export_without_target_says_what_it_needs(tiny_llama, capsys):
+    from edge_infer.cli import main
+
+    assert main(["export", str(tiny_llama), "--out", "x"]) != 0
+    assert "--target" in capsys.readouterr().err
+
+
+def test_tiny_builder_still_ties_the_head(tmp_path):
+    hf, model = _decoder(build_tiny(tmp_path / "t"))
+    assert model.lm_head.weight is model.embed_tokens.weight
