@@ -275,13 +275,6 @@ def _toml(v: Any) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 # -- the run -------------------------------------------------------------------------------
 def run(plan: ServePlan) -> list[Record]:
     check(plan)
