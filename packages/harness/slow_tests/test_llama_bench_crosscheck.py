@@ -1,6 +1,7 @@
 """The real llama-bench beside our llama.cpp runner (`edge-infer bench crosscheck`) on the
 smallest model, tiny sizes. Structure only: speed is a benchmark, so the ratio and the verdict
-are recorded and printed, never asserted."""
+are recorded and printed, never asserted; --force, since a noisy CI machine must not fail it
+(the record then says guard: overridden)."""
 
 import json
 
@@ -8,7 +9,7 @@ import json
 def test_llama_bench_runs_beside_our_runner(tmp_path, cli, smollm2):
     results = tmp_path / "bench.jsonl"
     res = cli("bench", "crosscheck", "-m", smollm2, "-q", "q4_0", "-p", "32", "-n", "8", "-r", "2",
-              "-t", "1", "--wait", "120", "--lock-wait", "600", "--results", str(results),
+              "-t", "1", "--force", "--lock-wait", "600", "--results", str(results),
               timeout=3600)
     print(res.stdout)
     assert res.returncode == 0, res.stderr[-3000:]

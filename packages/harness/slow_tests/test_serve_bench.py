@@ -1,7 +1,9 @@
 """`edge-infer bench serve` on the smallest model, a short window: both servers (ours and
 llama-server, built from the sdist with the other llama.cpp tools) answer every request of
 vLLM's serving client, and each record is written with its provenance. Structure only: the
-figures are printed, never asserted (a benchmark, not a test)."""
+figures are printed, never asserted (a benchmark, not a test). It runs with --force, like the
+other structure tests: a CI machine is shared, and a blip of foreign load must not fail a check
+that asserts no speed (the record then says guard: overridden)."""
 
 import json
 
@@ -10,7 +12,7 @@ def test_both_servers_answer_every_request_and_the_records_are_written(tmp_path,
     results = tmp_path / "serve.jsonl"
     res = cli("bench", "serve", "-m", smollm2, "-e", "ours:w4a16,llama.cpp:q4_0", "-c", "2",
               "--input-len", "16:64", "--output-len", "8:32", "--rounds", "3", "--seed", "1",
-              "--wait", "120", "--lock-wait", "600", "--results", str(results), timeout=3600)
+              "--force", "--lock-wait", "600", "--results", str(results), timeout=3600)
     print(res.stdout)
     assert res.returncode == 0, res.stderr[-3000:]
     records = [json.loads(line) for line in results.read_text().splitlines()]
