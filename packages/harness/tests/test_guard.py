@@ -332,7 +332,61 @@ def test_a_watch_samples_every_sub_window_and_follows_new_children(test_core):
 
 # -- every record kind carries the verdict ----------------------------------------------------
 VERDICT_FIELDS = ("guard", "guard_foreign_load", "guard_mean_load", "guard_peak_load",
-                  "guard_threshold", "guard_window", "guard_sub_window")
+                  "guard_threshold", "guard_window", "guard_sub_window", "guard_remeasured")
+
+
+def test_a_repetition_run_beside_a_blip_is_thrown_away_and_taken_again(tmp_path):
+    """A shared machine's blip costs one repetition, not the run: the contended tg sample is
+    dropped (never published as ok), taken again, and the record counts it; past REMEASURE
+    contended takes the guard refuses as before."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from edge_harness.bench import run as run_mod
+    from edge_harness.isolation.guard import REMEASURE
+    from edge_harness.runners.base import Build, ModelRef
+
+    topo = no_smt(tmp_path / "topo")
+    quiet = samples([{0: 0.5}] * 3, [0.5] * 3, cpus=(0,))
+    blip = samples([{0: 0.5}, {0: 1.0}, {0: 0.5}], [0.5] * 3, cpus=(0,))
+
+    class ScriptedGuard(Guard):
+        def __init__(self, script):
+            super().__init__([0], threshold=0.15, topology=topo)
+            self.script = list(script)
+
+        def check_idle(self, what):
+            s0, s1 = samples([{0: 0.0}], cpus=(0,))
+            return "ok", self.reading_before(s0, s1)
+
+        @contextlib.contextmanager
+        def watch(self, pid):
+            yield SimpleNamespace(reading=self.reading_during(self.script.pop(0)))
+
+    class Engine:  # each take of tg4 is slower than the one before: 4 / 1, 4 / 2, ...
+        pid, calls = os.getpid(), 0
+
+        def request(self, cmd, **kw):
+            self.calls += 1
+            return {"seconds": float(self.calls)}
+
+    model = ModelRef("fake", tmp_path)
+    build = Build("ours", "fake", "w4a16", str(tmp_path), 4.5, 1000, 100)
+
+    def run(script):
+        bench = run_mod.Bench(run_mod.Plan(models=[], engines=[], results=None, reps=2))
+        engine = Engine()
+        bench.measure_test(model, [(build, engine)], "tg", 4, [0], 1, ScriptedGuard(script),
+                           None, {build.label: {"version": "fake 1"}}, run_mod.Progress(2))
+        return bench.records[0].to_dict()
+
+    # take 1 is the untimed warm-up; take 2 ran beside the blip and is thrown away
+    rec = run([blip, quiet, quiet])
+    assert rec["samples"] == [4 / 3, 4 / 4] and rec["guard"] == "ok"
+    assert rec["guard_remeasured"] == 1 and rec["guard_peak_load"] < 0.15
+    assert run([quiet, quiet])["guard_remeasured"] == 0
+    with pytest.raises(GuardRefused, match="tg4 of fake"):
+        run([blip] * (REMEASURE + 1) + [quiet])
 
 
 def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):

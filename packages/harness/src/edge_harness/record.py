@@ -51,6 +51,7 @@ class Record:
     guard_window: float | None = None  # seconds sampled before each measurement
     guard_sub_window: float | None = None  # seconds per sample during one
     guard_peak_window: float | None = None  # seconds the peak was judged over (>= 1% of the run)
+    guard_remeasured: int | None = None  # measurements retaken for foreign load (guard.REMEASURE)
     # Roofline (decode tests): weight bytes read per token x tok/s, against the ceiling.
     weight_bytes_per_token: int | None = None
     achieved_gbs: float | None = None

@@ -45,6 +45,7 @@ DEFAULT_WINDOW = 1.0  # seconds of sampling before each measurement
 SUB_WINDOW = 0.5  # seconds per sample during a run; /proc/stat ticks are 10 ms, so 2% steps
 PEAK_SHARE = 0.01  # the peak's window: at least this share of the run (and sub_window)
 SETTLE = 0.25  # seconds between a measurement and the next idle check
+REMEASURE = 3  # measurements per record that may be thrown away for foreign load and retaken
 TICK = 1.0 / os.sysconf("SC_CLK_TCK")  # the resolution of /proc/stat and /proc/PID/stat
 
 
@@ -142,6 +143,7 @@ class Verdict:
     mean: float = 0.0  # worst mean foreign load of one measurement (worst core before one)
     peak: float = 0.0  # worst one core over a sub-window
     peak_window: float = 0.0  # the longest window a peak was judged over (PEAK_SHARE)
+    remeasured: int = 0  # measurements thrown away for foreign load and taken again (REMEASURE)
 
     def add(self, status: str, reading: Reading) -> Verdict:
         if status != "ok":
@@ -156,7 +158,8 @@ class Verdict:
         return {"guard": self.status, "guard_foreign_load": round(max(self.mean, self.peak), 4),
                 "guard_mean_load": round(self.mean, 4), "guard_peak_load": round(self.peak, 4),
                 "guard_threshold": self.threshold, "guard_window": self.window,
-                "guard_sub_window": self.sub_window, "guard_peak_window": round(self.peak_window, 3)}
+                "guard_sub_window": self.sub_window, "guard_peak_window": round(self.peak_window, 3),
+                "guard_remeasured": self.remeasured}
 
 
 def _busy_seconds(cpus) -> dict[int, float]:
@@ -312,6 +315,20 @@ class Guard:
         peak_seconds = reading.peak_seconds or reading.seconds
         return (reading.foreign <= self.threshold + tick_slack(reading.seconds)
                 and reading.peak <= self.threshold + tick_slack(peak_seconds))
+
+    def keep(self, reading: Reading, what: str, verdict: Verdict, say=print) -> bool:
+        """Whether the measurement just read is kept. One taken under foreign load is thrown
+        away and taken again (after the usual wait for quiet cores), up to REMEASURE times per
+        record, and the record counts them; past that, the guard judges it as always (refused,
+        or overridden under --force). A shared machine's one-second blip then costs one
+        repetition, not the run, and no contended sample is ever published as ok."""
+        if not self.quiet(reading) and not self.force and verdict.remeasured < REMEASURE:
+            verdict.remeasured += 1
+            say(f"guard: {what} ran beside foreign load ({reading.describe()}): thrown away and "
+                f"measured again ({verdict.remeasured}/{REMEASURE} for this record)")
+            return False
+        verdict.add(self.judge(reading, what), reading)
+        return True
 
     def judge(self, reading: Reading, what: str) -> str:
         if self.quiet(reading):
