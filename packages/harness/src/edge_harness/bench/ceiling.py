@@ -63,9 +63,5 @@ def measure_guarded(guard, gib_per_core: float = 1.0, passes: int = 5):
     are our children, so the watch follows this process's tree. Returns (result, Verdict)."""
     what = "the bandwidth ceiling"
     verdict = guard.verdict()
-    while True:  # passes read beside foreign load are thrown away and read again
-        verdict.add(*guard.check_idle(what))
-        with guard.watch(os.getpid()) as watch:
-            res = measure(guard.cores, gib_per_core, passes)
-        if guard.keep(watch.reading, what, verdict):
-            return res, verdict
+    res = guard.measure(os.getpid(), what, verdict, measure, guard.cores, gib_per_core, passes)
+    return res, verdict

@@ -133,13 +133,8 @@ def crosscheck(plan: CrosscheckPlan) -> list[Record]:
                     verdicts[test].add(status, reading)
                 for test, n in plan.tests:
                     what = f"{test}{n} of {model.name} llama.cpp:{plan.quant} (repetition {rep + 1})"
-                    while True:  # taken again if run beside foreign load
-                        verdicts[test].add(*guard.check_idle(what))
-                        with guard.watch(worker.pid) as watch:
-                            secs = worker.request(test, n=n,
-                                                  seed=plan.seed * 1000 + rep)["seconds"]
-                        if guard.keep(watch.reading, what, verdicts[test], say):
-                            break
+                    secs = guard.measure(worker.pid, what, verdicts[test], worker.request, test,
+                                         n=n, seed=plan.seed * 1000 + rep, say=say)["seconds"]
                     ours[test].append(n / secs)
                 say(f"[{rep + 1}/{plan.reps}] " + "  ".join(
                     f"{t}{n}: {TOOL} {theirs[t][-1]['avg_ts']:.2f}, runner {ours[t][-1]:.2f} t/s"

@@ -196,12 +196,9 @@ def _guarded(guard, cores: list[int], what: str, label: str, fn: str):
 
     verdict = guard.verdict()
     with Worker(cores, {"OMP_NUM_THREADS": str(len(cores))}, label=label) as w:
-        while True:  # taken again if run beside foreign load
-            verdict.add(*guard.check_idle(what))
-            with guard.watch(w.pid) as watch:
-                result = w.request("call", fn=fn, kwargs={"threads": len(cores)})["result"]
-            if guard.keep(watch.reading, what, verdict):
-                return result, verdict
+        result = guard.measure(w.pid, what, verdict, w.request, "call", fn=fn,
+                               kwargs={"threads": len(cores)})["result"]
+    return result, verdict
 
 
 def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: float = 0.3,
@@ -237,15 +234,11 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
         verdict = guard.verdict()
         say(f"gemm: {model.name} shapes, group {group}, {threads} threads on cores {cores}")
         with Worker(cores, {"OMP_NUM_THREADS": str(threads)}, label=f"gemm-{model.name}") as w:
-            while True:  # the sweep is taken again if run beside foreign load
-                verdict.add(*guard.check_idle(what))
-                with guard.watch(w.pid) as watch:
-                    rows = w.request("call", fn="edge_harness.bench.gemm:measure", kwargs={
-                        "model": model.name, "hf_dir": str(model.hf_dir), "group": group,
-                        "threads": threads, "min_time": min_time, "ms": ms, "kernels": kernels,
-                    })["result"]
-                if guard.keep(watch.reading, what, verdict, say):
-                    break
+            rows = guard.measure(w.pid, what, verdict, w.request, "call",
+                                 fn="edge_harness.bench.gemm:measure", kwargs={
+                                     "model": model.name, "hf_dir": str(model.hf_dir),
+                                     "group": group, "threads": threads, "min_time": min_time,
+                                     "ms": ms, "kernels": kernels}, say=say)["result"]
         for row in rows:
             flops = 2 * row["m"] * row["n"] * row["k"]
             secs = row["seconds"]

@@ -51,12 +51,8 @@ def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, re
             g = Guard(cores, **(guard or {}))
             what = f"the profile of {model.name} {engine}:{quant}"
             verdict = g.verdict()
-            while True:  # a profile taken beside foreign load is thrown away and taken again
-                verdict.add(*g.check_idle(what))
-                with g.watch(w.pid) as watch:
-                    prof = w.request("profile", engine=engine, n=n, seed=0, batch=batch)["result"]
-                if g.keep(watch.reading, what, verdict, say):
-                    break
+            prof = g.measure(w.pid, what, verdict, w.request, "profile", engine=engine, n=n,
+                             seed=0, batch=batch, say=say)["result"]
     step_ms = prof["decode_s"] / n * 1e3
     rec = {"kind": "profile", **context(threads=len(cores)), "command": command,
            "model": model.name, "engine": engine, "quant": quant, "engine_version": facts["version"],

@@ -262,12 +262,8 @@ class Bench:
         for rep in range(p.reps):
             for b, w in pairs:  # A B A B: every engine once per round
                 what = f"{name} of {model.name} {b.label} (repetition {rep + 1})"
-                while True:  # a repetition run beside foreign load is taken again
-                    verdicts[b.label].add(*guard.check_idle(what))
-                    with guard.watch(w.pid) as watch:
-                        reply = w.request(test, n=n, seed=p.seed * 1000 + rep)
-                    if guard.keep(watch.reading, what, verdicts[b.label], say):
-                        break
+                reply = guard.measure(w.pid, what, verdicts[b.label], w.request, test, n=n,
+                                      seed=p.seed * 1000 + rep, say=say)
                 secs = reply["seconds"]
                 seconds[b.label].append(secs)
                 samples[b.label].append(n / secs)

@@ -329,17 +329,15 @@ def measure(bench: Bench, server: Server, client: Worker, client_cores: list[int
         argv = client_argv(plan, base, model.name, model.hf_dir, c, server.cache_prompt())
         what = f"serving {model.name} {server.spec.label} at concurrency {c}"
         verdict = guard.verdict()
-        verdict.add(*guard.check_idle(what))
         say(f"measure {what}: {c} warm-up + {plan.rounds * c} requests")
-        while True:  # a window run beside foreign load is thrown away and run again
+
+        def window() -> tuple[dict, float]:
             cpu0 = _cpu_seconds(client.pid)
-            # the watched tree is this process's: the server and the client are its children
-            with guard.watch(os.getpid()) as watch:
-                figures = client.request("call", fn=CLIENT, kwargs={"argv": argv})["result"]
-            client_cpu = _cpu_seconds(client.pid) - cpu0
-            if guard.keep(watch.reading, what, verdict, say):
-                break
-            verdict.add(*guard.check_idle(what))
+            figures = client.request("call", fn=CLIENT, kwargs={"argv": argv})["result"]
+            return figures, _cpu_seconds(client.pid) - cpu0
+
+        # the watched tree is this process's: the server and the client are both its children
+        figures, client_cpu = guard.measure(os.getpid(), what, verdict, window, say=say)
     finally:
         server.stop()
     return bench.record(

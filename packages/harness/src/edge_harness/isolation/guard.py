@@ -330,6 +330,17 @@ class Guard:
         verdict.add(self.judge(reading, what), reading)
         return True
 
+    def measure(self, pid: int, what: str, verdict: Verdict, take, *args, say=print, **kwargs):
+        """`take(*args, **kwargs)` once the cores are quiet (check_idle), under the watch of
+        `pid`'s tree; taken again while `keep` throws the take away. Returns what the kept
+        take returned."""
+        while True:
+            verdict.add(*self.check_idle(what))
+            with self.watch(pid) as watch:
+                result = take(*args, **kwargs)
+            if self.keep(watch.reading, what, verdict, say):
+                return result
+
     def judge(self, reading: Reading, what: str) -> str:
         if self.quiet(reading):
             return "ok"
