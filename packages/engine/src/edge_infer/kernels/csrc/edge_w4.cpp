@@ -382,6 +382,15 @@ __attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t
 #define EDGE_AVX512 "avx512f,avx512bw,avx512vl,avx2,fma"
 #define EDGE_AVX512_VNNI "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma"
 
+// acc += u8 . s8 per 4-byte lane, the sum register updated in place. With the intrinsic, GCC
+// 12 gave a tile's loop-carried sums new registers on every step and copied them back (25 zmm
+// moves and 5 stack stores per 32 dots in the 4 x 4 lanes1k loop); the tied operand leaves
+// no copy to make.
+__attribute__((target(EDGE_AVX512_VNNI))) inline __m512i dpbusd_in_place(__m512i acc, __m512i u8, __m512i s8) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "vm"(s8));
+  return acc;
+}
+
 // One body, compiled twice with the dot product as the only difference (a macro, because a
 // function's target attribute cannot depend on a template parameter).
 #define EDGE_W4A8_AVX512_BODY(DOT)                                                                    \
@@ -542,7 +551,7 @@ template <int R, int T, bool PREFETCH, bool GROUP64>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_nib128_vnni(const Weights& w, int64_t row, const int8_t* xq,
                                                                 const float* sx, const float* xs, float* y,
                                                                 int64_t ys) {
-  EDGE_NIB128_TILE(_mm512_dpbusd_epi32)
+  EDGE_NIB128_TILE(dpbusd_in_place)
 }
 
 #define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
@@ -611,7 +620,7 @@ template <int R, int T, bool PREFETCH>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_lanes1k_vnni(const Weights& w, int64_t row, const int8_t* xq,
                                                                  const float* sx, const float* xs, float* y,
                                                                  int64_t ys) {
-  EDGE_LANES1K_TILE(_mm512_dpbusd_epi32)
+  EDGE_LANES1K_TILE(dpbusd_in_place)
 }
 
 #define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
