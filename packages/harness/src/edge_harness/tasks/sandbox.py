@@ -22,6 +22,7 @@ claims a containment it did not have.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import pwd
@@ -41,6 +42,7 @@ UNPRIVILEGED = "nobody"
 # /root is not executable by `nobody`; the program needs only the standard library, so a system
 # Python of the same minor version serves (its version is recorded).
 INTERPRETERS = ("/usr/bin/python3", "/usr/local/bin/python3")
+log = logging.getLogger(__name__)
 TAIL = 2000  # characters of the program's stderr a result keeps
 
 
@@ -260,11 +262,22 @@ def run(program: str, limits: Limits = DEFAULT_LIMITS, guard: bool = True) -> Ou
     return Outcome(passed, "passed" if passed else "failed", rc, seconds, stderr)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen, settle_s: float = 5.0) -> None:
     """SIGKILL the program's process group (with --kill-child, unshare's death takes the PID
-    namespace with it: the kernel kills every process in it)."""
+    namespace with it: the kernel kills every process in it), then wait until the group is
+    gone. SIGKILL is delivered at once but a process dies asynchronously: without the wait a
+    killed program could still be running (freeing its memory) when run() returns. Bounded,
+    so a zombie its new parent is slow to reap cannot hang the caller."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+    deadline = time.monotonic() + settle_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    log.warning("sandbox: process group %d still present %.0f s after SIGKILL", proc.pid, settle_s)
