@@ -83,10 +83,11 @@ OURS = [k for k in (w4a16.EdgeAvx512, w4a16.EdgeAvx2, w4a16.EdgePortable) if k._
 @pytest.mark.parametrize("layer", [(37, 192, 64, False), (64, 256, 128, True), (8, 128, 32, True),
                                    (21, 384, 64, True), (12, 512, 256, False), (9, 128, 32, False),
                                    (5, 192, 32, True), (13, 1024, 128, True), (6, 2048, 64, False),
-                                   (7, 3072, 1024, True)],
+                                   (7, 3072, 1024, True), (48, 1024, 128, False), (32, 384, 64, True)],
                          ids=["n37-k192-g64", "n64-k256-g128-zp", "n8-k128-g32-zp",
                               "n21-k384-g64-zp", "n12-k512-g256", "n9-k128-g32", "n5-k192-g32-zp",
-                              "n13-k1024-g128-zp", "n6-k2048-g64", "n7-k3072-g1024-zp"])
+                              "n13-k1024-g128-zp", "n6-k2048-g64", "n7-k3072-g1024-zp",
+                              "n48-k1024-g128", "n32-k384-g64-zp"])
 def test_every_small_m_matches_reference(kernel, scheme, layer):
     """Batched decode: every M from 1 to 64 (the one-pass small-M path and its 4-token tiles
     with every tail), then M past the crossover (the prefill GEMM), on N off the 4-row tile."""
@@ -100,7 +101,7 @@ def test_every_small_m_matches_reference(kernel, scheme, layer):
         ref = reference(x, q, s, z, g, scheme)
         err = (y - ref).abs().max() / ref.abs().max()
         assert err < 1e-4, f"{kernel.name} {scheme} M={m}: relative error {err:.2e}"
-        if packed["layout"] in (3, 4) and packed["isa"] == 3:  # VNNI: also the AVX512-BW dots
+        if packed["layout"] in (3, 4, 5) and packed["isa"] == 3:  # VNNI: also the AVX512-BW dots
             y = kernel.forward(x, {**packed, "isa": 2}, None)
             err = (y - ref).abs().max() / ref.abs().max()
             assert err < 1e-4, f"{kernel.name} {scheme} M={m} without VNNI: relative error {err:.2e}"
@@ -342,6 +343,16 @@ def test_layouts_put_each_code_where_the_kernels_read_it():
     for blk, p, j, b in [(0, 0, 0, 0), (0, 7, 15, 3), (1, 3, 5, 2), (1, 0, 9, 1)]:
         k = 1024 * blk + 64 * j + 8 * p + b
         assert int(lines[512 * blk + 64 * p + 4 * j + b]) == int(q2k[0, k]) | int(q2k[0, k + 4]) << 4
+    # stripes16: byte 4i+b of line j of stripe s = q[16s+i, 8j+b] | q[16s+i, 8j+4+b] << 4, and
+    # the per-group values in the order [stripe][group][row i]
+    q32 = torch.randint(0, 16, (32, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    st = w4a16.pack_stripes16(q32).reshape(-1)
+    for s_, i, j, b in [(0, 0, 0, 0), (0, 15, 31, 3), (1, 7, 4, 2), (1, 0, 30, 1)]:
+        byte = int(st[s_ * 8 * 256 + 64 * j + 4 * i + b])
+        assert byte == int(q32[16 * s_ + i, 8 * j + b]) | int(q32[16 * s_ + i, 8 * j + 4 + b]) << 4
+    vals = torch.arange(32 * 4).reshape(32, 4)
+    ordered = w4a16.stripe_order(vals).reshape(-1)
+    assert int(ordered[(1 * 4 + 2) * 16 + 5]) == int(vals[16 + 5, 2])
 
 
 @pytest.mark.parametrize("scheme", w4a16.SCHEMES)

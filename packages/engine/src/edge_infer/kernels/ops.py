@@ -5,7 +5,8 @@ torch.compile needs to trace a model through it without running it.
     linear(x [M, K], q, s, z?, group, layout, isa, small_m_max, tile) -> [M, N], x's dtype
 
 N is q.shape[0]; `layout` 1 (lanes64) or 2 (words128) is the w4a16 scheme, 0 (blocks32),
-3 (nib128) or 4 (lanes1k) w4a8.
+3 (nib128), 4 (lanes1k) or 5
+(stripes16) w4a8.
 """
 
 from __future__ import annotations

@@ -90,6 +90,29 @@ def pack_lanes1k(q: torch.Tensor) -> torch.Tensor:
     return lines.permute(0, 1, 3, 2, 4).reshape(n, k // 2).contiguous()
 
 
+def pack_stripes16(q: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] -> uint8 [N, K/2] in stripes of 16 rows: per stripe, one 64-byte line per
+    step of 8 codes, byte 4i+b of line j = q[16s+i, 8j+b] | q[16s+i, 8j+4+b] << 4 (32-bit lane i
+    is row 16s+i). N % 16 == 0, K % 8 == 0."""
+    n, k = q.shape
+    v = q.reshape(n // 16, 16, k // 8, 2, 4)  # [stripe, row i, step j, nibble, b]
+    lines = v[:, :, :, 0, :] | (v[:, :, :, 1, :] << 4)
+    return lines.permute(0, 2, 1, 3).reshape(n, k // 2).contiguous()
+
+
+def stripe_order(t: torch.Tensor) -> torch.Tensor:
+    """Per-row, per-group values [N, G] (scales, zero points) -> the stripes16 order
+    [N/16][G][16], kept as an [N, G] tensor."""
+    n, g = t.shape
+    return t.reshape(n // 16, 16, g).transpose(1, 2).reshape(n, g).contiguous()
+
+
+def stripes16_fits(n: int, k: int, group: int) -> bool:
+    """The stripes16 layout (W4A8 on AVX-512: one output per 32-bit lane, no horizontal sums)
+    takes N % 16 == 0 on the nib128 shapes (K % 128 == 0, a group multiple of 64)."""
+    return n % 16 == 0 and k % 128 == 0 and group % 64 == 0
+
+
 def pack_words128(q: torch.Tensor) -> torch.Tensor:
     """codes [N, K] -> uint8 [N, K/2]: per block of 128, 32 little-endian 16-bit words, word i
     holding q[32j + i] in bits 4j..4j+3; a K % 128 == 64 tail as 32 bytes, byte i = q[i] |
@@ -129,8 +152,10 @@ class _Edge:
     int8 activations, one scale per token and group, `vpmaddubsw` int32 dots); more rows
     (prefill) go to tiles dequantized to fp32 and torch's fp32 GEMM, which on AVX2 runs several
     times faster than bf16, or, for bf16 activations on AVX512-BF16 CPUs (words128), to bf16
-    tiles and torch's bf16 GEMM. W4A8 on AVX-512 CPUs (nib128 codes) runs its int8 loop
-    (`vpdpbusd` with VNNI) for every M: 4 rows per token at M=1, 4 rows x 4 tokens past it."""
+    tiles and torch's bf16 GEMM. W4A8 on AVX-512 CPUs runs its int8 loop (`vpdpbusd` with
+    VNNI) for every M: with stripes16 codes (N % 16 == 0) 64 rows per token at M=1 and 32 rows x
+    8 tokens past it, one output per 32-bit lane; otherwise nib128 or lanes1k codes, 4 rows per
+    token at M=1 and 4 rows x 4 tokens past it."""
 
     isa = ""
     self_check = False
@@ -142,8 +167,9 @@ class _Edge:
     # - words128 (W4A16, vdpbf16ps; bf16 tiles and bf16 GEMM): M=16 0.99 / 1.36, M=32 1.93 / 1.80,
     #   M=64 3.83 / 2.67, M=512 32.0 / 15.5 (F.linear on dense bf16 weights: 14.9);
     # - blocks32 (W4A8, int8 dots): M=128 10.2 / 17.9, M=512 42.5 / 47.6 (bf16 in).
-    # - nib128 and lanes1k (W4A8 on AVX-512, int8 dots): one loop for every M, no GEMM path.
-    SMALL_M_MAX = {0: 512, 1: 24, 2: 24, 3: 1 << 30, 4: 1 << 30}
+    # - nib128, lanes1k and stripes16 (W4A8 on AVX-512, int8 dots): one loop for every M, no
+    #   GEMM path.
+    SMALL_M_MAX = {0: 512, 1: 24, 2: 24, 3: 1 << 30, 4: 1 << 30, 5: 1 << 30}
     TILE = 512
 
     @classmethod
@@ -165,6 +191,14 @@ class _Edge:
 
         ops.load()
         n, k = q.shape
+        if scheme == "w4a8" and cls.nib128(k, group) and stripes16_fits(n, k, group):
+            return {
+                "q": pack_stripes16(q), "layout": 5,
+                "s": stripe_order(scale.float()),
+                "z": stripe_order(zero) if zero is not None else None,
+                "group": group, "n": n, "k": k, "scheme": scheme,
+                "isa": cls.isa_code(), "small_m_max": cls.SMALL_M_MAX[5],
+            }
         if scheme == "w4a8" and cls.nib128(k, group) and lanes1k_fits(k, group):
             codes, layout = pack_lanes1k(q), 4
         elif scheme == "w4a8" and cls.nib128(k, group):

@@ -61,7 +61,7 @@ int64_t g_prefetch = 8192;
 // Paths in increasing order: a higher one may use every lower one's code (an AVX-512 CPU runs
 // the AVX2 W4A16 loop and dequantization where its own 512-bit loops do not apply).
 enum Isa : int64_t { kPortable = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3 };
-enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kWords128 = 2, kNib128 = 3, kLanes1k = 4 };
+enum Layout : int64_t { kBlocks32 = 0, kLanes64 = 1, kWords128 = 2, kNib128 = 3, kLanes1k = 4, kStripes16 = 5 };
 constexpr int64_t kNibMaxGroups = 256;  // the nib128 loop's per-tile table of s_g sx_g
 
 bool cpu_has(const std::string& feature) {
@@ -111,7 +111,7 @@ void check_words128(int64_t isa) {
 
 Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optional<torch::Tensor>& z,
                 int64_t group, int64_t layout) {
-  TORCH_CHECK(layout >= kBlocks32 && layout <= kLanes1k, "edge_w4: unknown layout ", layout);
+  TORCH_CHECK(layout >= kBlocks32 && layout <= kStripes16, "edge_w4: unknown layout ", layout);
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kUInt8 && q.is_contiguous(),
               "edge_w4: packed codes must be contiguous uint8 [N, K/2]");
   TORCH_CHECK(group % kBlock == 0 && group > 0, "edge_w4: group ", group, " is not a multiple of 32");
@@ -129,6 +129,10 @@ Weights weights(const torch::Tensor& q, const torch::Tensor& s, const c10::optio
   if (layout == kLanes1k) {
     TORCH_CHECK(k % 1024 == 0 && group % 64 == 0 && 1024 % group == 0,
                 "edge_w4: lanes1k needs K % 1024 == 0 and a group of 64, 128, 256, 512 or 1024");
+  }
+  if (layout == kStripes16) {
+    TORCH_CHECK(n % 16 == 0 && k % 128 == 0 && group % 64 == 0,
+                "edge_w4: stripes16 needs N % 16 == 0, K % 128 == 0 and a group multiple of 64");
   }
   TORCH_CHECK(s.size(1) == groups, "edge_w4: scales must be contiguous fp32 [N, K/group]");
   const uint8_t* zp = nullptr;
@@ -514,7 +518,7 @@ __attribute__((target(EDGE_AVX512))) inline void finish_w4a8_tile(const Weights&
     __m512i lo[R], hi[R];                                                                             \
     for (int r = 0; r < R; ++r) {                                                                     \
       const uint8_t* p = w.q + (row + r) * (w.k / 2) + c * 64;                                        \
-      if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1);         \
+      if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(p + pf), _MM_HINT_T1);                 \
       const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(p));                        \
       lo[r] = _mm512_and_si512(v, m4);                                                                \
       hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);                                          \
@@ -550,14 +554,14 @@ __attribute__((target(EDGE_AVX512))) inline void finish_w4a8_tile(const Weights&
 template <int R, int T, bool PREFETCH, bool GROUP64>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_nib128_vnni(const Weights& w, int64_t row, const int8_t* xq,
                                                                 const float* sx, const float* xs, float* y,
-                                                                int64_t ys) {
+                                                                int64_t ys, int64_t pf) {
   EDGE_NIB128_TILE(dpbusd_in_place)
 }
 
 #define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
 template <int R, int T, bool PREFETCH, bool GROUP64>
 __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64_t row, const int8_t* xq,
-                                                         const float* sx, const float* xs, float* y, int64_t ys) {
+                                                         const float* sx, const float* xs, float* y, int64_t ys, int64_t pf) {
   EDGE_NIB128_TILE(EDGE_DOT_BW)
 }
 #undef EDGE_DOT_BW
@@ -592,7 +596,7 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
       __m512i lo[R], hi[R];                                                                           \
       for (int r = 0; r < R; ++r) {                                                                   \
         const uint8_t* c = w.q + (row + r) * (w.k / 2) + b * 512 + p * 64;                            \
-        if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(c + g_prefetch), _MM_HINT_T1);       \
+        if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(c + pf), _MM_HINT_T1);               \
         const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(c));                      \
         lo[r] = _mm512_and_si512(v, m4);                                                              \
         hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);                                        \
@@ -619,14 +623,14 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
 template <int R, int T, bool PREFETCH>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_lanes1k_vnni(const Weights& w, int64_t row, const int8_t* xq,
                                                                  const float* sx, const float* xs, float* y,
-                                                                 int64_t ys) {
+                                                                 int64_t ys, int64_t pf) {
   EDGE_LANES1K_TILE(dpbusd_in_place)
 }
 
 #define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
 template <int R, int T, bool PREFETCH>
 __attribute__((target(EDGE_AVX512))) void tile_lanes1k_bw(const Weights& w, int64_t row, const int8_t* xq,
-                                                          const float* sx, const float* xs, float* y, int64_t ys) {
+                                                          const float* sx, const float* xs, float* y, int64_t ys, int64_t pf) {
   EDGE_LANES1K_TILE(EDGE_DOT_BW)
 }
 #undef EDGE_DOT_BW
@@ -647,10 +651,105 @@ void lanes1k_order(int8_t* xq, int64_t rows, int64_t k) {
   }
 }
 
+// stripes16 (W4A8 on AVX-512 CPUs where N % 16 == 0): rows in stripes of 16, and per stripe
+// and step of 8 codes one 64-byte line, byte 4i+b holding code 8j+b of the stripe's row i in
+// its low nibble and code 8j+4+b in its high one (pack_stripes16). An AND, or a shift and an
+// AND, gives each 32-bit lane (one row) 4 consecutive codes, and `vpdpbusd` takes the
+// activations as 4 bytes broadcast to every lane: each lane's sum is one output, so no
+// horizontal sum is ever made and the int8 activations stay in their natural order. The
+// scales and zero points come in the same stripe order ([N/16][G][16]), one 64-byte load per
+// stripe and group. RV stripes x T tokens per tile: the unpacked codes of a step serve T
+// tokens, each broadcast serves RV stripes; the int32 sums are folded into fp32 once per
+// group (with the zero-point term), kept in a small array that stays in L1.
+#define EDGE_STRIPES16_TILE(DOT)                                                                     \
+  const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
+  [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
+  const int64_t G = w.groups, steps = w.group / 8, stripe_bytes = 8 * w.k;                            \
+  const uint8_t* codes = w.q + stripe * stripe_bytes;                                                 \
+  alignas(64) float F[RV][T][16];                                                                     \
+  for (int v = 0; v < RV; ++v)                                                                        \
+    for (int t = 0; t < T; ++t) _mm512_store_ps(F[v][t], _mm512_setzero_ps());                        \
+  for (int64_t g = 0; g < G; ++g) {                                                                   \
+    __m512i acc[RV][T];                                                                               \
+    for (int v = 0; v < RV; ++v)                                                                      \
+      for (int t = 0; t < T; ++t) acc[v][t] = _mm512_setzero_si512();                                 \
+    for (int64_t j = g * steps; j < (g + 1) * steps; ++j) {                                           \
+      __m512i lo[RV], hi[RV];                                                                         \
+      for (int v = 0; v < RV; ++v) {                                                                  \
+        const uint8_t* c = codes + v * stripe_bytes + j * 64;                                         \
+        if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(c + pf), _MM_HINT_T1);               \
+        const __m512i x = _mm512_loadu_si512(reinterpret_cast<const void*>(c));                      \
+        lo[v] = _mm512_and_si512(x, m4);                                                              \
+        hi[v] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);                                        \
+      }                                                                                               \
+      for (int t = 0; t < T; ++t) {                                                                   \
+        int32_t b0, b1;                                                                               \
+        std::memcpy(&b0, xq + t * w.k + j * 8, 4);                                                    \
+        std::memcpy(&b1, xq + t * w.k + j * 8 + 4, 4);                                                \
+        const __m512i x0 = _mm512_set1_epi32(b0), x1 = _mm512_set1_epi32(b1);                         \
+        for (int v = 0; v < RV; ++v) acc[v][t] = DOT(DOT(acc[v][t], lo[v], x0), hi[v], x1);           \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int v = 0; v < RV; ++v) {                                                                    \
+      const int64_t at = ((stripe + v) * G + g) * 16;                                                 \
+      const __m512 ws = _mm512_loadu_ps(w.s + at);                                                    \
+      const __m512 zs = _mm512_mul_ps(ws, w.z ? _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128( \
+                                                    reinterpret_cast<const __m128i*>(w.z + at))))     \
+                                              : _mm512_set1_ps(8.f));                                 \
+      for (int t = 0; t < T; ++t) {                                                                   \
+        __m512 f = _mm512_load_ps(F[v][t]);                                                           \
+        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v][t]), _mm512_mul_ps(ws, _mm512_set1_ps(sx[t * G + g])), f); \
+        _mm512_store_ps(F[v][t], _mm512_fnmadd_ps(zs, _mm512_set1_ps(xs[t * G + g]), f));            \
+      }                                                                                               \
+    }                                                                                                 \
+  }                                                                                                   \
+  for (int t = 0; t < T; ++t)                                                                         \
+    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(y + t * ys + (stripe + v) * 16, _mm512_load_ps(F[v][t]));
+
+template <int RV, int T, bool PREFETCH>
+__attribute__((target(EDGE_AVX512_VNNI))) void tile_stripes16_vnni(const Weights& w, int64_t stripe, const int8_t* xq,
+                                                                   const float* sx, const float* xs, float* y,
+                                                                   int64_t ys, int64_t pf) {
+  EDGE_STRIPES16_TILE(dpbusd_in_place)
+}
+
+#define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
+template <int RV, int T, bool PREFETCH>
+__attribute__((target(EDGE_AVX512))) void tile_stripes16_bw(const Weights& w, int64_t stripe, const int8_t* xq,
+                                                            const float* sx, const float* xs, float* y, int64_t ys,
+                                                            int64_t pf) {
+  EDGE_STRIPES16_TILE(EDGE_DOT_BW)
+}
+#undef EDGE_DOT_BW
+#undef EDGE_STRIPES16_TILE
+
+// Stripes [s0, s1) against tokens [t0, t1): RV stripes x up to 8 tokens per tile.
+template <int RV, bool PREFETCH>
+void stripes16_tiles(const Weights& w, int64_t stripe, const int8_t* xq, const float* sx, const float* xs,
+                     int64_t t0, int64_t t1, float* y, bool vnni, int64_t pf) {
+  auto tile = [&](auto tag, int64_t t) {
+    constexpr int TT = decltype(tag)::value;
+    (vnni ? tile_stripes16_vnni<RV, TT, PREFETCH> : tile_stripes16_bw<RV, TT, PREFETCH>)(
+        w, stripe, xq + t * w.k, sx + t * w.groups, xs + t * w.groups, y + t * w.n, w.n, pf);
+  };
+  int64_t t = t0;
+  for (; t + 8 <= t1; t += 8) tile(std::integral_constant<int, 8>{}, t);
+  switch (t1 - t) {
+    case 7: tile(std::integral_constant<int, 7>{}, t); break;
+    case 6: tile(std::integral_constant<int, 6>{}, t); break;
+    case 5: tile(std::integral_constant<int, 5>{}, t); break;
+    case 4: tile(std::integral_constant<int, 4>{}, t); break;
+    case 3: tile(std::integral_constant<int, 3>{}, t); break;
+    case 2: tile(std::integral_constant<int, 2>{}, t); break;
+    case 1: tile(std::integral_constant<int, 1>{}, t); break;
+    default: break;
+  }
+}
+
 // R rows against tokens [t0, t1), 4 at a time, then the 1-3 left.
 template <int R, bool PREFETCH>
 void rows_nib128(const Weights& w, int64_t row, const int8_t* xq, const float* sx, const float* xs, int64_t t0,
-                 int64_t t1, float* y, bool vnni) {
+                 int64_t t1, float* y, bool vnni, int64_t pf) {
   auto tile = [&](auto tag, int64_t t) {
     constexpr int TT = decltype(tag)::value;
     const int8_t* xt = xq + t * w.k;
@@ -659,11 +758,11 @@ void rows_nib128(const Weights& w, int64_t row, const int8_t* xq, const float* s
     float* yt = y + t * w.n + row;
     const bool g64 = w.group == 64;
     if (w.layout == kLanes1k) {
-      (vnni ? tile_lanes1k_vnni<R, TT, PREFETCH> : tile_lanes1k_bw<R, TT, PREFETCH>)(w, row, xt, st, gt, yt, w.n);
+      (vnni ? tile_lanes1k_vnni<R, TT, PREFETCH> : tile_lanes1k_bw<R, TT, PREFETCH>)(w, row, xt, st, gt, yt, w.n, pf);
     } else if (vnni) {
-      (g64 ? tile_nib128_vnni<R, TT, PREFETCH, true> : tile_nib128_vnni<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n);
+      (g64 ? tile_nib128_vnni<R, TT, PREFETCH, true> : tile_nib128_vnni<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n, pf);
     } else {
-      (g64 ? tile_nib128_bw<R, TT, PREFETCH, true> : tile_nib128_bw<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n);
+      (g64 ? tile_nib128_bw<R, TT, PREFETCH, true> : tile_nib128_bw<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n, pf);
     }
   };
   int64_t t = t0;
@@ -1337,9 +1436,9 @@ void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const 
       for (int64_t task = a; task < b; ++task) {
         const int64_t row = task * R;
         if (row + R <= w.n) {
-          rows_nib128<4, true>(w, row, xq, sx, xs, 0, 1, y, vnni);
+          rows_nib128<4, true>(w, row, xq, sx, xs, 0, 1, y, vnni, g_prefetch);
         } else {
-          for (int64_t r = row; r < w.n; ++r) rows_nib128<1, true>(w, r, xq, sx, xs, 0, 1, y, vnni);
+          for (int64_t r = row; r < w.n; ++r) rows_nib128<1, true>(w, r, xq, sx, xs, 0, 1, y, vnni, g_prefetch);
         }
       }
     });
@@ -1347,23 +1446,51 @@ void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const 
   }
   const int64_t rb = std::max<int64_t>(4, (int64_t{16384} / (w.k / 2)) / 4 * 4);
   const int64_t blocks = (w.n + rb - 1) / rb;
+  // Each block of rows is met by the tokens 4 at a time: `passes` passes, the first from
+  // memory, the others from L1. With one pass, the loop prefetches g_prefetch bytes ahead as
+  // at M=1. With more, each pass prefetches its share of the next block (row quad q in pass
+  // q % passes), so memory streams the next block during every pass, not only during the
+  // first: the weights' transfer then overlaps all of the arithmetic instead of adding to it.
+  const int64_t passes = (m + 3) / 4;
+  const int64_t ahead = passes == 1 ? g_prefetch : rb * (w.k / 2);
   at::parallel_for(0, blocks, 1, [&](int64_t a, int64_t b) {
     for (int64_t blk = a; blk < b; ++blk) {
       const int64_t r0 = blk * rb, r1 = std::min(w.n, r0 + rb);
-      for (int64_t t = 0; t < m; t += 4) {
+      for (int64_t t = 0, pass = 0; t < m; t += 4, ++pass) {
         const int64_t t1 = std::min(m, t + 4);
-        auto block = [&](auto prefetch) {
-          constexpr bool P = decltype(prefetch)::value;
-          int64_t r = r0;
-          for (; r + 4 <= r1; r += 4) rows_nib128<4, P>(w, r, xq, sx, xs, t, t1, y, vnni);
-          for (; r < r1; ++r) rows_nib128<1, P>(w, r, xq, sx, xs, t, t1, y, vnni);
-        };
-        // the first quad streams the block from memory (prefetched), the others from L1
-        if (t == 0) {
-          block(std::true_type{});
-        } else {
-          block(std::false_type{});
+        int64_t r = r0;
+        for (int64_t quad = 0; r + 4 <= r1; r += 4, ++quad) {
+          if (passes == 1 ? g_prefetch != 0 : g_prefetch != 0 && quad % passes == pass) {
+            rows_nib128<4, true>(w, r, xq, sx, xs, t, t1, y, vnni, ahead);
+          } else {
+            rows_nib128<4, false>(w, r, xq, sx, xs, t, t1, y, vnni, 0);
+          }
         }
+        for (; r < r1; ++r) rows_nib128<1, false>(w, r, xq, sx, xs, t, t1, y, vnni, 0);
+      }
+    }
+  });
+}
+
+// stripes16 codes against M quantized tokens into y [M, N], one parallel region over groups
+// of stripes. One token (decode): 4 stripes (64 rows) per tile, each stripe a stream of its
+// own, prefetched one tile ahead. More: 2 stripes x 8 tokens per tile, the tokens 8 at a
+// time over the same two stripes (16 KiB of codes at K = 1024, re-read from L1 or L2).
+void rows_stripes16_all(const Weights& w, const int8_t* xq, const float* sx, const float* xs, int64_t m, float* y,
+                        bool vnni) {
+  const int64_t stripes = w.n / 16, stripe_bytes = 8 * w.k;
+  const int64_t rv = m == 1 ? 4 : 2;
+  const int64_t tasks = (stripes + rv - 1) / rv;
+  at::parallel_for(0, tasks, 1, [&](int64_t a, int64_t b) {
+    for (int64_t task = a; task < b; ++task) {
+      const int64_t s0 = task * rv;
+      if (m == 1 && s0 + 4 <= stripes) {
+        (vnni ? tile_stripes16_vnni<4, 1, true> : tile_stripes16_bw<4, 1, true>)(w, s0, xq, sx, xs, y, w.n,
+                                                                                4 * stripe_bytes);
+      } else if (m > 1 && s0 + 2 <= stripes) {
+        stripes16_tiles<2, true>(w, s0, xq, sx, xs, 0, m, y, vnni, 2 * stripe_bytes);
+      } else {
+        for (int64_t s = s0; s < stripes; ++s) stripes16_tiles<1, true>(w, s, xq, sx, xs, 0, m, y, vnni, stripe_bytes);
       }
     }
   });
@@ -1402,7 +1529,11 @@ torch::Tensor linear_nib128(const torch::Tensor& x_in, const Weights& w, int64_t
   } else {
     quant(0, m);
   }
-  rows_nib128_all(w, xq, sx, xs, m, yp, isa == kAvx512Vnni);
+  if (w.layout == kStripes16) {
+    rows_stripes16_all(w, xq, sx, xs, m, yp, isa == kAvx512Vnni);
+  } else {
+    rows_nib128_all(w, xq, sx, xs, m, yp, isa == kAvx512Vnni);
+  }
 #endif
   static const bool bf16_ok = cpu_has("avx512bf16");
   if (x_in.scalar_type() == torch::kBFloat16 && m * w.n >= 4096 && bf16_ok) {
@@ -1453,7 +1584,7 @@ torch::Tensor gemv(const torch::Tensor& x_in, const torch::Tensor& q, const torc
 #endif
     return finish(y, x_in.scalar_type());
   }
-  if (layout == kNib128 || layout == kLanes1k) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
+  if (layout >= kNib128) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
   const auto [w, x] = gemv_inputs(x_in, q, s, z, group, layout, isa);
   auto y = torch::empty({x.size(0), w.n}, torch::kFloat);
   (layout == kLanes64 ? rows_w4a16 : rows_w4a8)(w, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), isa);
@@ -1566,7 +1697,7 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& q, const to
                      const c10::optional<torch::Tensor>& z, int64_t group, int64_t layout, int64_t isa,
                      int64_t small_m_max, int64_t tile) {
   TORCH_CHECK(x_in.dim() == 2, "edge_w4: activations must be 2-D [M, K]");
-  if (layout == kNib128 || layout == kLanes1k) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
+  if (layout >= kNib128) return linear_nib128(x_in, weights(q, s, z, group, layout), isa);
   if (x_in.size(0) <= small_m_max) return gemv(x_in, q, s, z, group, layout, isa);
   if (layout == kWords128 && x_in.scalar_type() == torch::kBFloat16) {
     check_words128(isa);
