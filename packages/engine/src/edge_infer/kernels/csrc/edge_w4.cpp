@@ -658,18 +658,16 @@ void lanes1k_order(int8_t* xq, int64_t rows, int64_t k) {
 // activations as 4 bytes broadcast to every lane: each lane's sum is one output, so no
 // horizontal sum is ever made and the int8 activations stay in their natural order. The
 // scales and zero points come in the same stripe order ([N/16][G][16]), one 64-byte load per
-// stripe and group. RV stripes x T tokens per tile: the unpacked codes of a step serve T
-// tokens, each broadcast serves RV stripes; the int32 sums are folded into fp32 once per
-// group (with the zero-point term), kept in a small array that stays in L1.
+// stripe and group. A tile is RV stripes x T tokens over groups [g0, g1): the unpacked codes
+// of a step serve T tokens, each broadcast serves RV stripes, and the int32 sums are folded
+// once per group (with the zero-point term) into fp32 sums F [RV][T][16] that the caller
+// keeps in L1 across calls.
 #define EDGE_STRIPES16_TILE(DOT)                                                                     \
   const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
   [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
   const int64_t G = w.groups, steps = w.group / 8, stripe_bytes = 8 * w.k;                            \
   const uint8_t* codes = w.q + stripe * stripe_bytes;                                                 \
-  alignas(64) float F[RV][T][16];                                                                     \
-  for (int v = 0; v < RV; ++v)                                                                        \
-    for (int t = 0; t < T; ++t) _mm512_store_ps(F[v][t], _mm512_setzero_ps());                        \
-  for (int64_t g = 0; g < G; ++g) {                                                                   \
+  for (int64_t g = g0; g < g1; ++g) {                                                                 \
     __m512i acc[RV][T];                                                                               \
     for (int v = 0; v < RV; ++v)                                                                      \
       for (int t = 0; t < T; ++t) acc[v][t] = _mm512_setzero_si512();                                 \
@@ -677,7 +675,7 @@ void lanes1k_order(int8_t* xq, int64_t rows, int64_t k) {
       __m512i lo[RV], hi[RV];                                                                         \
       for (int v = 0; v < RV; ++v) {                                                                  \
         const uint8_t* c = codes + v * stripe_bytes + j * 64;                                         \
-        if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(c + pf), _MM_HINT_T1);               \
+        if (pf) _mm_prefetch(reinterpret_cast<const char*>(c + pf), _MM_HINT_T1);                     \
         const __m512i x = _mm512_loadu_si512(reinterpret_cast<const void*>(c));                      \
         lo[v] = _mm512_and_si512(x, m4);                                                              \
         hi[v] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);                                        \
@@ -697,52 +695,48 @@ void lanes1k_order(int8_t* xq, int64_t rows, int64_t k) {
                                                     reinterpret_cast<const __m128i*>(w.z + at))))     \
                                               : _mm512_set1_ps(8.f));                                 \
       for (int t = 0; t < T; ++t) {                                                                   \
-        __m512 f = _mm512_load_ps(F[v][t]);                                                           \
-        f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v][t]), _mm512_mul_ps(ws, _mm512_set1_ps(sx[t * G + g])), f); \
-        _mm512_store_ps(F[v][t], _mm512_fnmadd_ps(zs, _mm512_set1_ps(xs[t * G + g]), f));            \
+        float* f = F + (v * T + t) * 16;                                                              \
+        const __m512 p = _mm512_mul_ps(ws, _mm512_set1_ps(sx[t * G + g]));                            \
+        const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[v][t]), p, _mm512_loadu_ps(f));     \
+        _mm512_storeu_ps(f, _mm512_fnmadd_ps(zs, _mm512_set1_ps(xs[t * G + g]), sum));               \
       }                                                                                               \
     }                                                                                                 \
-  }                                                                                                   \
-  for (int t = 0; t < T; ++t)                                                                         \
-    for (int v = 0; v < RV; ++v) _mm512_storeu_ps(y + t * ys + (stripe + v) * 16, _mm512_load_ps(F[v][t]));
+  }
 
-template <int RV, int T, bool PREFETCH>
+template <int RV, int T>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_stripes16_vnni(const Weights& w, int64_t stripe, const int8_t* xq,
-                                                                   const float* sx, const float* xs, float* y,
-                                                                   int64_t ys, int64_t pf) {
+                                                                   const float* sx, const float* xs, float* F,
+                                                                   int64_t g0, int64_t g1, int64_t pf) {
   EDGE_STRIPES16_TILE(dpbusd_in_place)
 }
 
 #define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
-template <int RV, int T, bool PREFETCH>
+template <int RV, int T>
 __attribute__((target(EDGE_AVX512))) void tile_stripes16_bw(const Weights& w, int64_t stripe, const int8_t* xq,
-                                                            const float* sx, const float* xs, float* y, int64_t ys,
-                                                            int64_t pf) {
+                                                            const float* sx, const float* xs, float* F, int64_t g0,
+                                                            int64_t g1, int64_t pf) {
   EDGE_STRIPES16_TILE(EDGE_DOT_BW)
 }
 #undef EDGE_DOT_BW
 #undef EDGE_STRIPES16_TILE
 
-// Stripes [s0, s1) against tokens [t0, t1): RV stripes x up to 8 tokens per tile.
-template <int RV, bool PREFETCH>
-void stripes16_tiles(const Weights& w, int64_t stripe, const int8_t* xq, const float* sx, const float* xs,
-                     int64_t t0, int64_t t1, float* y, bool vnni, int64_t pf) {
-  auto tile = [&](auto tag, int64_t t) {
+// One tile of RV stripes x T (1..8) tokens, T chosen at run time.
+template <int RV>
+void stripes16_tile(int64_t T, bool vnni, const Weights& w, int64_t stripe, const int8_t* xq, const float* sx,
+                    const float* xs, float* F, int64_t g0, int64_t g1, int64_t pf) {
+  auto run = [&](auto tag) {
     constexpr int TT = decltype(tag)::value;
-    (vnni ? tile_stripes16_vnni<RV, TT, PREFETCH> : tile_stripes16_bw<RV, TT, PREFETCH>)(
-        w, stripe, xq + t * w.k, sx + t * w.groups, xs + t * w.groups, y + t * w.n, w.n, pf);
+    (vnni ? tile_stripes16_vnni<RV, TT> : tile_stripes16_bw<RV, TT>)(w, stripe, xq, sx, xs, F, g0, g1, pf);
   };
-  int64_t t = t0;
-  for (; t + 8 <= t1; t += 8) tile(std::integral_constant<int, 8>{}, t);
-  switch (t1 - t) {
-    case 7: tile(std::integral_constant<int, 7>{}, t); break;
-    case 6: tile(std::integral_constant<int, 6>{}, t); break;
-    case 5: tile(std::integral_constant<int, 5>{}, t); break;
-    case 4: tile(std::integral_constant<int, 4>{}, t); break;
-    case 3: tile(std::integral_constant<int, 3>{}, t); break;
-    case 2: tile(std::integral_constant<int, 2>{}, t); break;
-    case 1: tile(std::integral_constant<int, 1>{}, t); break;
-    default: break;
+  switch (T) {
+    case 8: run(std::integral_constant<int, 8>{}); break;
+    case 7: run(std::integral_constant<int, 7>{}); break;
+    case 6: run(std::integral_constant<int, 6>{}); break;
+    case 5: run(std::integral_constant<int, 5>{}); break;
+    case 4: run(std::integral_constant<int, 4>{}); break;
+    case 3: run(std::integral_constant<int, 3>{}); break;
+    case 2: run(std::integral_constant<int, 2>{}); break;
+    default: run(std::integral_constant<int, 1>{}); break;
   }
 }
 
@@ -1473,24 +1467,47 @@ void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const 
 }
 
 // stripes16 codes against M quantized tokens into y [M, N], one parallel region over groups
-// of stripes. One token (decode): 4 stripes (64 rows) per tile, each stripe a stream of its
-// own, prefetched one tile ahead. More: 2 stripes x 8 tokens per tile, the tokens 8 at a
-// time over the same two stripes (16 KiB of codes at K = 1024, re-read from L1 or L2).
+// of stripes: 4 stripes (64 rows, each stripe a stream of its own) per token at M=1, 2 stripes
+// (32 rows) past it, prefetched one group of stripes ahead. The tokens go 8 at a time over the
+// same stripes; when that takes more than one pass, the stripes are walked in chunks of K
+// whose codes fit ~16 KiB, every pass over a chunk before the next, so the codes of the later
+// passes come from L1 even where a stripe is longer than L1 (K = 6656: 53 KB).
 void rows_stripes16_all(const Weights& w, const int8_t* xq, const float* sx, const float* xs, int64_t m, float* y,
                         bool vnni) {
   const int64_t stripes = w.n / 16, stripe_bytes = 8 * w.k;
-  const int64_t rv = m == 1 ? 4 : 2;
+  const int64_t rv = m == 1 ? 4 : 2, passes = (m + 7) / 8;
+  const int64_t chunk = passes == 1 ? w.groups : std::max<int64_t>(1, int64_t{16384} / (rv * 8 * w.group));
   const int64_t tasks = (stripes + rv - 1) / rv;
   at::parallel_for(0, tasks, 1, [&](int64_t a, int64_t b) {
+    thread_local std::vector<float> f_buf;
+    float* F = scratch(f_buf, rv * m * 16);
     for (int64_t task = a; task < b; ++task) {
-      const int64_t s0 = task * rv;
-      if (m == 1 && s0 + 4 <= stripes) {
-        (vnni ? tile_stripes16_vnni<4, 1, true> : tile_stripes16_bw<4, 1, true>)(w, s0, xq, sx, xs, y, w.n,
-                                                                                4 * stripe_bytes);
-      } else if (m > 1 && s0 + 2 <= stripes) {
-        stripes16_tiles<2, true>(w, s0, xq, sx, xs, 0, m, y, vnni, 2 * stripe_bytes);
-      } else {
-        for (int64_t s = s0; s < stripes; ++s) stripes16_tiles<1, true>(w, s, xq, sx, xs, 0, m, y, vnni, stripe_bytes);
+      const int64_t s0 = task * rv, nv = std::min(rv, stripes - s0);
+      std::fill(F, F + nv * m * 16, 0.f);
+      for (int64_t g0 = 0; g0 < w.groups; g0 += chunk) {
+        const int64_t g1 = std::min(w.groups, g0 + chunk);
+        for (int64_t t = 0; t < m; t += 8) {
+          const int64_t T = std::min<int64_t>(8, m - t);
+          float* Ft = F + nv * t * 16;  // this pass's sums: [nv][T][16]
+          const int8_t* xt = xq + t * w.k;
+          const float *st = sx + t * w.groups, *gt = xs + t * w.groups;
+          if (nv == 4) {
+            (vnni ? tile_stripes16_vnni<4, 1> : tile_stripes16_bw<4, 1>)(w, s0, xt, st, gt, Ft, g0, g1,
+                                                                       4 * stripe_bytes);
+          } else if (nv == 2) {
+            stripes16_tile<2>(T, vnni, w, s0, xt, st, gt, Ft, g0, g1, 2 * stripe_bytes);
+          } else {
+            for (int64_t v = 0; v < nv; ++v)
+              stripes16_tile<1>(T, vnni, w, s0 + v, xt, st, gt, Ft + v * T * 16, g0, g1, stripe_bytes);
+          }
+        }
+      }
+      for (int64_t t = 0; t < m; t += 8) {  // [nv][T][16] per pass -> y [M, N]
+        const int64_t T = std::min<int64_t>(8, m - t);
+        const float* Ft = F + nv * t * 16;
+        for (int64_t v = 0; v < nv; ++v)
+          for (int64_t tt = 0; tt < T; ++tt)
+            std::memcpy(y + (t + tt) * w.n + (s0 + v) * 16, Ft + (v * T + tt) * 16, 16 * sizeof(float));
       }
     }
   });
