@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 MS = (1, 512)
+# Up to this many rows a call is a (batched) decode step: a serving engine batches at most
+# tens of sequences per step, each step streaming every layer's weights from memory.
+DECODE_M_MAX = 64
 
 
 def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
@@ -141,9 +144,11 @@ def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float =
                 if layer == "lm_head" and m >= 16:
                     continue  # vLLM computes logits for the last position of a prefill only
                 x = torch.randn(m, k, generator=gen).to(dtype)
-                # Prefill-sized M reuses each weight M times from cache: compute-bound, so
-                # one (already warmed) copy is both fair and far quicker to time.
-                use = copies if m < 16 else copies[:1]
+                # Batched decode (M up to DECODE_M_MAX) reads each layer's weights from memory
+                # once per step, as M=1 does: cold copies. Prefill-sized M reuses each weight M
+                # times from cache: compute-bound, so one (already warmed) copy is both fair
+                # and far quicker to time.
+                use = copies if m <= DECODE_M_MAX else copies[:1]
                 with torch.inference_mode():
                     secs = _time(fn, use, x, min_time)
                 rows.append({"model": model, "layer": layer, "m": m, "n": n, "k": k,
