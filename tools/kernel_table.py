@@ -18,29 +18,33 @@ from generated_block import ROOT, bench_records, rewrite
 
 PAGE = ROOT / "docs" / "analysis" / "kernels.md"
 START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end -->"
-# (run at the threads of the machine's cores, the same shapes at M=1 on one thread or None)
-RUNS = (("20261201T151411-3360", "20261201T101122-7520"), ("20261202T030917-8640", None))
+# (run at the threads of the machine's cores, the same shapes at M=1 on one thread or None,
+# the model whose shapes the table shows: a run may sweep several)
+RUNS = (("20261201T151411-3360", "20261201T101122-7520", "qwen3-0.6b-random"),
+        ("20261202T154904-8960", None, "qwen3-0.6b-random"),
+        ("20261202T154904-8960", None, "spark-x2.5-1.7b-random"))
 LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 BATCH = (2, 4, 8, 16)
 
 
 def block(records: list[dict]) -> str:
-    return "\n".join(table(records, run, run_1t) for run, run_1t in RUNS)
+    return "\n".join(table(records, run, run_1t, model) for run, run_1t, model in RUNS)
 
 
-def table(records: list[dict], run_id: str, run_1t: str | None) -> str:
-    run = [r for r in records if r.get("run_id") == run_id and "layer" in r.get("extra", {})]
+def table(records: list[dict], run_id: str, run_1t: str | None, model: str) -> str:
+    run = [r for r in records if r.get("run_id") == run_id and "layer" in r.get("extra", {})
+           and r.get("model") == model]
     by = {(r["engine"], r["quant"], r["extra"]["m"], r["extra"]["layer"]): r for r in run}
     one_thread = {(r["quant"], r["extra"]["layer"]): r for r in records
                   if r.get("run_id") == run_1t and r.get("engine") == "edge-avx512"
-                  and r["extra"].get("m") == 1}
+                  and r.get("model") == model and r["extra"].get("m") == 1}
 
     def seconds(key) -> float:
         return statistics.median(by[key]["extra"]["seconds"])
 
     r0 = run[0]
     machine = r0["cpu_model"] + (f" ({r0['cpu_id']})" if r0.get("cpu_id") else "")
-    lines = ["", f"**{machine}**, {r0['isa']}:", "",
+    lines = ["", f"**{machine}**, {r0['isa']}, {model} shapes:", "",
              f"`{r0['command']}`, run `{run_id}` at commit {r0['git_commit'][:7]}"
              f"{' (dirty)' if r0['git_dirty'] else ' (clean tree)'}, {r0['threads']} threads on cores "
              f"{r0['cores']}, guard {', '.join(sorted({r['guard'] for r in run}))}; medians. "
