@@ -395,6 +395,21 @@ __attribute__((target(EDGE_AVX512_VNNI))) inline __m512i dpbusd_in_place(__m512i
   return acc;
 }
 
+// The same sum without VNNI: `vpmaddubsw` into int16 pairs (no saturation: codes are at most
+// 15), then `vpmaddwd` by ones into the int32 lanes.
+__attribute__((target(EDGE_AVX512), always_inline)) inline __m512i dpbusd_bw(__m512i acc, __m512i u8, __m512i s8) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u8, s8), _mm512_set1_epi16(1)));
+}
+
+// One 64-byte line of codes: its low nibbles and its high nibbles, each as 64 unsigned bytes.
+__attribute__((target(EDGE_AVX512), always_inline)) inline void unpack_nibbles(const uint8_t* p, __m512i& lo,
+                                                                              __m512i& hi) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(p));
+  lo = _mm512_and_si512(v, m4);
+  hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+}
+
 // One body, compiled twice with the dot product as the only difference (a macro, because a
 // function's target attribute cannot depend on a template parameter).
 #define EDGE_W4A8_AVX512_BODY(DOT)                                                                    \
@@ -494,8 +509,7 @@ __attribute__((target(EDGE_AVX512))) inline void finish_w4a8_tile(const Weights&
 // MACs), `vdpbf16ps` zmm once per cycle (32 bf16 MACs), so past M=1, where the bf16 loop is
 // compute-bound, the int8 loop has up to twice its arithmetic rate.
 #define EDGE_NIB128_TILE(DOT)                                                                        \
-  const __m512i m4 = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();                           \
-  [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
+  const __m512i zero = _mm512_setzero_si512();                                                       \
   const int64_t G = w.groups;                                                                         \
   alignas(64) float P[R][T][kNibMaxGroups];                                                           \
   for (int64_t g = 0; g < G; g += 16) {                                                               \
@@ -518,10 +532,8 @@ __attribute__((target(EDGE_AVX512))) inline void finish_w4a8_tile(const Weights&
     __m512i lo[R], hi[R];                                                                             \
     for (int r = 0; r < R; ++r) {                                                                     \
       const uint8_t* p = w.q + (row + r) * (w.k / 2) + c * 64;                                        \
-      if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(p + pf), _MM_HINT_T1);                 \
-      const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(p));                        \
-      lo[r] = _mm512_and_si512(v, m4);                                                                \
-      hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);                                          \
+      if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(p + g_prefetch), _MM_HINT_T1);         \
+      unpack_nibbles(p, lo[r], hi[r]);                                                                \
     }                                                                                                 \
     for (int t = 0; t < T; ++t) {                                                                     \
       const int8_t* xt = xq + t * w.k + k0;                                                           \
@@ -554,17 +566,15 @@ __attribute__((target(EDGE_AVX512))) inline void finish_w4a8_tile(const Weights&
 template <int R, int T, bool PREFETCH, bool GROUP64>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_nib128_vnni(const Weights& w, int64_t row, const int8_t* xq,
                                                                 const float* sx, const float* xs, float* y,
-                                                                int64_t ys, int64_t pf) {
+                                                                int64_t ys) {
   EDGE_NIB128_TILE(dpbusd_in_place)
 }
 
-#define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
 template <int R, int T, bool PREFETCH, bool GROUP64>
 __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64_t row, const int8_t* xq,
-                                                         const float* sx, const float* xs, float* y, int64_t ys, int64_t pf) {
-  EDGE_NIB128_TILE(EDGE_DOT_BW)
+                                                         const float* sx, const float* xs, float* y, int64_t ys) {
+  EDGE_NIB128_TILE(dpbusd_bw)
 }
-#undef EDGE_DOT_BW
 #undef EDGE_NIB128_TILE
 
 // lanes1k: per super-block of 1024 codes, 8 lines of 64 bytes per row. Byte 4j+b of line p
@@ -576,8 +586,6 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
 // group, into fp32. In nib128 every group of 128 codes costs a convert and an FMA per (row,
 // token) beside its two dots; here 16 dots share one of each.
 #define EDGE_LANES1K_TILE(DOT)                                                                       \
-  const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
-  [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
   const int gshift = __builtin_ctzll(static_cast<uint64_t>(w.group)); /* no division per tile */     \
   const int64_t G = w.groups, per_block = int64_t{1024} >> gshift;                                    \
   const __mmask16 mk = static_cast<__mmask16>((1u << per_block) - 1);                                 \
@@ -596,10 +604,8 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
       __m512i lo[R], hi[R];                                                                           \
       for (int r = 0; r < R; ++r) {                                                                   \
         const uint8_t* c = w.q + (row + r) * (w.k / 2) + b * 512 + p * 64;                            \
-        if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(c + pf), _MM_HINT_T1);               \
-        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(c));                      \
-        lo[r] = _mm512_and_si512(v, m4);                                                              \
-        hi[r] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);                                        \
+        if (PREFETCH) _mm_prefetch(reinterpret_cast<const char*>(c + g_prefetch), _MM_HINT_T1);       \
+        unpack_nibbles(c, lo[r], hi[r]);                                                              \
       }                                                                                               \
       for (int t = 0; t < T; ++t) {                                                                   \
         const int8_t* xt = xq + t * w.k + b * 1024 + p * 128;                                         \
@@ -623,17 +629,15 @@ __attribute__((target(EDGE_AVX512))) void tile_nib128_bw(const Weights& w, int64
 template <int R, int T, bool PREFETCH>
 __attribute__((target(EDGE_AVX512_VNNI))) void tile_lanes1k_vnni(const Weights& w, int64_t row, const int8_t* xq,
                                                                  const float* sx, const float* xs, float* y,
-                                                                 int64_t ys, int64_t pf) {
+                                                                 int64_t ys) {
   EDGE_LANES1K_TILE(dpbusd_in_place)
 }
 
-#define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
 template <int R, int T, bool PREFETCH>
 __attribute__((target(EDGE_AVX512))) void tile_lanes1k_bw(const Weights& w, int64_t row, const int8_t* xq,
-                                                          const float* sx, const float* xs, float* y, int64_t ys, int64_t pf) {
-  EDGE_LANES1K_TILE(EDGE_DOT_BW)
+                                                          const float* sx, const float* xs, float* y, int64_t ys) {
+  EDGE_LANES1K_TILE(dpbusd_bw)
 }
-#undef EDGE_DOT_BW
 #undef EDGE_LANES1K_TILE
 
 // int8 activations [M, K] in natural order -> the lanes1k order, in place: per super-block of
@@ -663,10 +667,8 @@ void lanes1k_order(int8_t* xq, int64_t rows, int64_t k) {
 // once per group (with the zero-point term) into fp32 sums F [RV][T][16] that the caller
 // keeps in L1 across calls.
 #define EDGE_STRIPES16_TILE(DOT)                                                                     \
-  const __m512i m4 = _mm512_set1_epi8(0x0F);                                                          \
-  [[maybe_unused]] const __m512i ones = _mm512_set1_epi16(1);                                         \
   const int64_t G = w.groups, steps = w.group / 8, stripe_bytes = 8 * w.k;                            \
-  const uint8_t* codes = w.q + stripe * stripe_bytes;                                                 \
+  const uint8_t* codes = w.q + stripe * stripe_bytes;                                                \
   for (int64_t g = g0; g < g1; ++g) {                                                                 \
     __m512i acc[RV][T];                                                                               \
     for (int v = 0; v < RV; ++v)                                                                      \
@@ -676,9 +678,7 @@ void lanes1k_order(int8_t* xq, int64_t rows, int64_t k) {
       for (int v = 0; v < RV; ++v) {                                                                  \
         const uint8_t* c = codes + v * stripe_bytes + j * 64;                                         \
         if (pf) _mm_prefetch(reinterpret_cast<const char*>(c + pf), _MM_HINT_T1);                     \
-        const __m512i x = _mm512_loadu_si512(reinterpret_cast<const void*>(c));                      \
-        lo[v] = _mm512_and_si512(x, m4);                                                              \
-        hi[v] = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);                                        \
+        unpack_nibbles(c, lo[v], hi[v]);                                                              \
       }                                                                                               \
       for (int t = 0; t < T; ++t) {                                                                   \
         int32_t b0, b1;                                                                               \
@@ -710,14 +710,12 @@ __attribute__((target(EDGE_AVX512_VNNI))) void tile_stripes16_vnni(const Weights
   EDGE_STRIPES16_TILE(dpbusd_in_place)
 }
 
-#define EDGE_DOT_BW(acc, wv, x) _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(wv, x), ones))
 template <int RV, int T>
 __attribute__((target(EDGE_AVX512))) void tile_stripes16_bw(const Weights& w, int64_t stripe, const int8_t* xq,
                                                             const float* sx, const float* xs, float* F, int64_t g0,
                                                             int64_t g1, int64_t pf) {
-  EDGE_STRIPES16_TILE(EDGE_DOT_BW)
+  EDGE_STRIPES16_TILE(dpbusd_bw)
 }
-#undef EDGE_DOT_BW
 #undef EDGE_STRIPES16_TILE
 
 // One tile of RV stripes x T (1..8) tokens, T chosen at run time.
@@ -743,7 +741,7 @@ void stripes16_tile(int64_t T, bool vnni, const Weights& w, int64_t stripe, cons
 // R rows against tokens [t0, t1), 4 at a time, then the 1-3 left.
 template <int R, bool PREFETCH>
 void rows_nib128(const Weights& w, int64_t row, const int8_t* xq, const float* sx, const float* xs, int64_t t0,
-                 int64_t t1, float* y, bool vnni, int64_t pf) {
+                 int64_t t1, float* y, bool vnni) {
   auto tile = [&](auto tag, int64_t t) {
     constexpr int TT = decltype(tag)::value;
     const int8_t* xt = xq + t * w.k;
@@ -752,11 +750,11 @@ void rows_nib128(const Weights& w, int64_t row, const int8_t* xq, const float* s
     float* yt = y + t * w.n + row;
     const bool g64 = w.group == 64;
     if (w.layout == kLanes1k) {
-      (vnni ? tile_lanes1k_vnni<R, TT, PREFETCH> : tile_lanes1k_bw<R, TT, PREFETCH>)(w, row, xt, st, gt, yt, w.n, pf);
+      (vnni ? tile_lanes1k_vnni<R, TT, PREFETCH> : tile_lanes1k_bw<R, TT, PREFETCH>)(w, row, xt, st, gt, yt, w.n);
     } else if (vnni) {
-      (g64 ? tile_nib128_vnni<R, TT, PREFETCH, true> : tile_nib128_vnni<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n, pf);
+      (g64 ? tile_nib128_vnni<R, TT, PREFETCH, true> : tile_nib128_vnni<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n);
     } else {
-      (g64 ? tile_nib128_bw<R, TT, PREFETCH, true> : tile_nib128_bw<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n, pf);
+      (g64 ? tile_nib128_bw<R, TT, PREFETCH, true> : tile_nib128_bw<R, TT, PREFETCH, false>)(w, row, xt, st, gt, yt, w.n);
     }
   };
   int64_t t = t0;
@@ -1430,9 +1428,9 @@ void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const 
       for (int64_t task = a; task < b; ++task) {
         const int64_t row = task * R;
         if (row + R <= w.n) {
-          rows_nib128<4, true>(w, row, xq, sx, xs, 0, 1, y, vnni, g_prefetch);
+          rows_nib128<4, true>(w, row, xq, sx, xs, 0, 1, y, vnni);
         } else {
-          for (int64_t r = row; r < w.n; ++r) rows_nib128<1, true>(w, r, xq, sx, xs, 0, 1, y, vnni, g_prefetch);
+          for (int64_t r = row; r < w.n; ++r) rows_nib128<1, true>(w, r, xq, sx, xs, 0, 1, y, vnni);
         }
       }
     });
@@ -1440,27 +1438,23 @@ void rows_nib128_all(const Weights& w, const int8_t* xq, const float* sx, const 
   }
   const int64_t rb = std::max<int64_t>(4, (int64_t{16384} / (w.k / 2)) / 4 * 4);
   const int64_t blocks = (w.n + rb - 1) / rb;
-  // Each block of rows is met by the tokens 4 at a time: `passes` passes, the first from
-  // memory, the others from L1. With one pass, the loop prefetches g_prefetch bytes ahead as
-  // at M=1. With more, each pass prefetches its share of the next block (row quad q in pass
-  // q % passes), so memory streams the next block during every pass, not only during the
-  // first: the weights' transfer then overlaps all of the arithmetic instead of adding to it.
-  const int64_t passes = (m + 3) / 4;
-  const int64_t ahead = passes == 1 ? g_prefetch : rb * (w.k / 2);
   at::parallel_for(0, blocks, 1, [&](int64_t a, int64_t b) {
     for (int64_t blk = a; blk < b; ++blk) {
       const int64_t r0 = blk * rb, r1 = std::min(w.n, r0 + rb);
-      for (int64_t t = 0, pass = 0; t < m; t += 4, ++pass) {
+      for (int64_t t = 0; t < m; t += 4) {
         const int64_t t1 = std::min(m, t + 4);
-        int64_t r = r0;
-        for (int64_t quad = 0; r + 4 <= r1; r += 4, ++quad) {
-          if (passes == 1 ? g_prefetch != 0 : g_prefetch != 0 && quad % passes == pass) {
-            rows_nib128<4, true>(w, r, xq, sx, xs, t, t1, y, vnni, ahead);
-          } else {
-            rows_nib128<4, false>(w, r, xq, sx, xs, t, t1, y, vnni, 0);
-          }
+        auto block = [&](auto prefetch) {
+          constexpr bool P = decltype(prefetch)::value;
+          int64_t r = r0;
+          for (; r + 4 <= r1; r += 4) rows_nib128<4, P>(w, r, xq, sx, xs, t, t1, y, vnni);
+          for (; r < r1; ++r) rows_nib128<1, P>(w, r, xq, sx, xs, t, t1, y, vnni);
+        };
+        // the first quad streams the block from memory (prefetched), the others from L1
+        if (t == 0) {
+          block(std::true_type{});
+        } else {
+          block(std::false_type{});
         }
-        for (; r < r1; ++r) rows_nib128<1, false>(w, r, xq, sx, xs, t, t1, y, vnni, 0);
       }
     }
   });
