@@ -107,10 +107,11 @@ def stripe_order(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(n // 16, 16, g).transpose(1, 2).reshape(n, g).contiguous()
 
 
-def stripes16_fits(n: int, k: int, group: int) -> bool:
+def stripes16_fits(n: int) -> bool:
     """The stripes16 layout (W4A8 on AVX-512: one output per 32-bit lane, no horizontal sums)
-    takes N % 16 == 0 on the nib128 shapes (K % 128 == 0, a group multiple of 64)."""
-    return n % 16 == 0 and k % 128 == 0 and group % 64 == 0
+    takes N % 16 == 0; the caller has already checked the nib128 shape (K % 128 == 0, a group
+    multiple of 64)."""
+    return n % 16 == 0
 
 
 def pack_words128(q: torch.Tensor) -> torch.Tensor:
@@ -191,15 +192,9 @@ class _Edge:
 
         ops.load()
         n, k = q.shape
-        if scheme == "w4a8" and cls.nib128(k, group) and stripes16_fits(n, k, group):
-            return {
-                "q": pack_stripes16(q), "layout": 5,
-                "s": stripe_order(scale.float()),
-                "z": stripe_order(zero) if zero is not None else None,
-                "group": group, "n": n, "k": k, "scheme": scheme,
-                "isa": cls.isa_code(), "small_m_max": cls.SMALL_M_MAX[5],
-            }
-        if scheme == "w4a8" and cls.nib128(k, group) and lanes1k_fits(k, group):
+        if scheme == "w4a8" and cls.nib128(k, group) and stripes16_fits(n):
+            codes, layout = pack_stripes16(q), 5
+        elif scheme == "w4a8" and cls.nib128(k, group) and lanes1k_fits(k, group):
             codes, layout = pack_lanes1k(q), 4
         elif scheme == "w4a8" and cls.nib128(k, group):
             codes, layout = pack_nib128(q), 3
@@ -209,11 +204,13 @@ class _Edge:
             codes, layout = pack_words128(q), 2
         else:
             codes, layout = pack_lanes64(q), 1
+        # stripes16 keeps its scales and zero points in the codes' stripe order
+        order = stripe_order if layout == 5 else torch.Tensor.contiguous
         return {
             "q": codes,
             "layout": layout,
-            "s": scale.float().contiguous(),
-            "z": zero.contiguous() if zero is not None else None,
+            "s": order(scale.float()),
+            "z": order(zero) if zero is not None else None,
             "group": group, "n": n, "k": k, "scheme": scheme,
             "isa": cls.isa_code(), "small_m_max": cls.SMALL_M_MAX[layout],
         }
