@@ -421,3 +421,24 @@ def test_dot_peak_times_each_instruction_the_cpu_has():
         dot_peak(4, 1000)
     with pytest.raises(RuntimeError, match="iters > 0"):
         dot_peak(0, 0)
+
+
+def test_time_linear_makes_the_calls_over_the_copies():
+    """bench gemm's C++ loop of calls: it runs the op (a call on a bad copy fails inside the
+    loop), times 0 calls as nothing, and refuses lists that do not match."""
+    edge = [k for k in AVAILABLE if hasattr(k, "loop_seconds")]
+    if not edge:
+        pytest.skip("no kernel of our library builds here")
+    kern = edge[0]
+    q, s, z = quantize_w4(torch.randn(64, 256), 64, True, torch.bfloat16)
+    packed = kern.prepack(q, s, z, 64, torch.float32, "w4a16")
+    x = torch.randn(2, 256)
+    assert 0 < kern.loop_seconds(x, [packed, packed], 1, 5)
+    assert kern.loop_seconds(x, [packed], 0, 0) < 1e-3
+    broken = {**packed, "q": packed["q"][:, :8].contiguous()}
+    with pytest.raises(RuntimeError, match="edge_w4"):
+        kern.loop_seconds(x, [packed, broken], 0, 2)
+    lib = w4a16.ext.load()
+    with pytest.raises(RuntimeError, match="as many scales"):
+        lib.time_linear(x, [packed["q"]], [], [None], 64, packed["layout"], packed["isa"],
+                        packed["small_m_max"], 0, 0, 1)

@@ -231,6 +231,19 @@ class _Edge:
         return False
 
     @staticmethod
+    def loop_seconds(x: torch.Tensor, copies: list[dict[str, Any]], first: int, calls: int) -> float:
+        """Wall seconds for `calls` calls of `forward` (no bias) on 2-D `x`, made back to back
+        inside the kernel library, call i on prepacked copy (first + i) % len(copies): the
+        kernel's cost per call as our fused decoder-layer ops meet it, with no Python between
+        calls (bench gemm's `gemmloop` records)."""
+        from edge_infer.kernels import ext
+
+        p = copies[0]
+        return ext.load().time_linear(
+            x, [c["q"] for c in copies], [c["s"] for c in copies], [c["z"] for c in copies],
+            p["group"], p["layout"], p["isa"], p["small_m_max"], _Edge.TILE, first, calls)
+
+    @staticmethod
     def forward(x: torch.Tensor, p: dict[str, Any], bias: torch.Tensor | None) -> torch.Tensor:
         shape = x.shape
         y = torch.ops.edge_w4.linear(x.reshape(-1, shape[-1]), p["q"], p["s"], p["z"], p["group"],

@@ -1718,6 +1718,25 @@ torch::Tensor linear(const torch::Tensor& x_in, const torch::Tensor& q, const to
   return gemm_dq_float(layout == kBlocks32 ? round_act(x, group) : x, w, isa, tile, x_in.scalar_type());
 }
 
+// `calls` calls of the op above back to back from C++, call i on weight copy (first + i) %
+// copies: the kernel's time per call as the fused decoder-layer ops meet it (no Python or
+// dispatcher between calls), for the GEMM microbenchmark. Returns the wall seconds.
+double time_linear(const torch::Tensor& x, const std::vector<torch::Tensor>& q, const std::vector<torch::Tensor>& s,
+                   const std::vector<c10::optional<torch::Tensor>>& z, int64_t group, int64_t layout, int64_t isa,
+                   int64_t small_m_max, int64_t tile, int64_t first, int64_t calls) {
+  const auto copies = static_cast<int64_t>(q.size());
+  TORCH_CHECK(copies > 0 && s.size() == q.size() && z.size() == q.size(),
+              "edge_w4: time_linear needs as many scales and zero points as codes, at least one");
+  TORCH_CHECK(calls >= 0 && first >= 0, "edge_w4: time_linear needs first >= 0 and calls >= 0");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < calls; ++i) {
+    const auto c = static_cast<size_t>((first + i) % copies);
+    linear(x, q[c], s[c], z[c], group, layout, isa, small_m_max, tile);
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
 // The cost of entering one parallel region (what every kernel call pays once), for the
 // threading analysis: `reps` empty regions over `threads` threads, total seconds.
 double parallel_region_cost(int64_t reps) {
@@ -1823,6 +1842,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "codes -> fp32 [N,K]");
   m.def("quantize_act", &quantize_act, "fp32 [M,K] -> int8 codes, block scales, group sums");
   m.def("set_prefetch", &set_prefetch, "software prefetch distance of the GEMV loops, bytes (0: off)");
+  m.def("time_linear", &time_linear, "seconds for `calls` back-to-back linear calls over weight copies");
   m.def("parallel_region_cost", &parallel_region_cost, "seconds for `reps` empty parallel regions");
   m.def("dot_peak", &dot_peak, "seconds for `iters` rounds of 12 chains of one dot instruction per thread");
 }
