@@ -36,6 +36,15 @@ def test_measure_times_every_scheme_of_every_kernel(tmp_path, monkeypatch):
         # a (batched) decode call streams copies of the weights, not one cached copy; a
         # prefill-sized one runs on one warm copy
         assert r["copies"] > 1 if r["m"] <= gemm.DECODE_M_MAX else r["copies"] == 1
+    # our kernels are also timed from a C++ loop of calls, at decode-sized M only
+    timings = {(r["impl"], r["quant"], r["m"], r["timing"]) for r in rows}
+    for name in names:
+        looped = hasattr(w4a16.KERNELS[name], "loop_seconds")
+        for scheme in w4a16.KERNELS[name].schemes:
+            assert {(name, scheme, m, "op") for m in (1, 3, 128)} <= timings
+            assert ((name, scheme, 1, "loop") in timings) == looped
+            assert (name, scheme, 128, "loop") not in timings
+    assert not any(t[0] == "F.linear" and t[3] == "loop" for t in timings)
 
 
 def test_region_cost_is_measured_per_thread_count():

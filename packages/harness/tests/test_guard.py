@@ -420,7 +420,7 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
                 samples([{0: 0.5}, {0: 0.6}, {0: 0.5}], [0.5, 0.5, 0.5], cpus=tuple(self.cores))))
 
     row = {"m": 1, "n": 64, "k": 64, "layer": "qkv_proj", "group": 128, "weight_bytes": 2048,
-           "copies": 1, "impl": "nib128", "quant": "w4a16", "seconds": [1e-4, 1e-4]}
+           "copies": 1, "timing": "op", "impl": "nib128", "quant": "w4a16", "seconds": [1e-4, 1e-4]}
     replies = {"load": {"facts": {"version": "fake 1"}}, "tg": {"seconds": 0.5},
                "profile": {"result": {"decode_s": 0.2, "in_ops_s": 0.1, "wall_s": 0.2,
                                       "tokens": 4, "ops": []}}}

@@ -186,6 +186,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--m-sizes", type=_ints, default=[1, 512], help="M values (1,512)")
     g.add_argument("--kernels", default=None, help="4-bit kernels (default: all available)")
     g.add_argument("--min-time", type=float, default=0.3, help="seconds timed per case")
+    g.add_argument("--no-ceiling", action="store_true",
+                   help="skip the streaming ceiling (by default measured first, and each "
+                        "decode-sized record carries its %% of it)")
     _results_flags(g)
     _guard_flags(g)
     g.set_defaults(func=cmd_gemm)
@@ -389,7 +392,8 @@ def cmd_gemm(args: argparse.Namespace) -> int:
     with _guarded(args) as (bench, cores, guard):
         gemm.run(_list(args.model) or ["smollm2-135m"], cores, guard=guard, emit=bench.emit,
                  record=bench.record, min_time=args.min_time, ms=args.m_sizes,
-                 kernels=_list([args.kernels]) if args.kernels else None, say=say)
+                 kernels=_list([args.kernels]) if args.kernels else None,
+                 ceiling=None if args.no_ceiling else bench.ceiling, say=say)
     _print_gemm(bench.records, args.output)
     return 0
 
@@ -398,13 +402,9 @@ def _print_gemm(records, fmt: str) -> None:
     if fmt != "md":
         _print_records(records, fmt)
         return
-    from edge_harness.report.printers import gemm_gbs, md_table
+    from edge_harness.report.printers import GEMM_COLUMNS, gemm_row, is_gemm, md_table
 
-    rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
-             r.engine, r.quant, f"{r.median:.1f}", gemm_gbs(r), r.guard]
-            for r in records if r.test.startswith("gemm_")]
-    sys.stdout.write(md_table(["model", "M", "layer", "N x K", "impl", "quant", "GFLOP/s",
-                               "GB/s", "guard"], rows))
+    sys.stdout.write(md_table(GEMM_COLUMNS, [gemm_row(r) for r in records if is_gemm(r)]))
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -60,6 +60,22 @@ def gemm_gbs(r: Record) -> str:
     return f"{r.achieved_gbs:.2f}" if r.extra.get("m", 1) < 16 else ""
 
 
+GEMM_COLUMNS = ["model", "M", "layer", "N x K", "impl", "quant", "timing", "GFLOP/s", "GB/s",
+                "% ceiling", "guard"]
+
+
+def is_gemm(r: Record) -> bool:
+    """A bench gemm record: `gemm_` timed through the op as Python calls it, `gemmloop_` the
+    same calls made back to back from C++."""
+    return r.test.startswith(("gemm_", "gemmloop_"))
+
+
+def gemm_row(r: Record) -> list[str]:
+    return [r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
+            r.engine, r.quant, r.extra.get("timing", "op"), f"{r.median:.1f}", gemm_gbs(r),
+            f"{r.pct_ceiling:.0f}" if r.pct_ceiling else "", r.guard]
+
+
 def to_md(records: list[Record]) -> str:
     return md_table(MD_COLUMNS, [md_row(r) for r in records])
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from edge_harness.bench.crosscheck import KIND, TOLERANCE
 from edge_harness.bench.crosscheck import table as crosscheck_table
 from edge_harness.record import Record, read_records
-from edge_harness.report.printers import MD_COLUMNS, gemm_gbs, md_row, md_table
+from edge_harness.report.printers import GEMM_COLUMNS, MD_COLUMNS, gemm_row, is_gemm, md_row, md_table
 from edge_infer.api import latest as newest_per_key
 
 # Which builds are compared: ours at a quant against llama.cpp at the nearest format.
@@ -175,14 +175,14 @@ def render(results: Path, out: Path) -> str:
         parts.append(f"\n## {model}\n\n" + md_table(MD_COLUMNS, [md_row(r) for r in rows]))
     parts.append("\n## Ours / llama.cpp (medians, tok/s; each ratio within one run)\n\n"
                  + ratio_table(shown, all_records))
-    gemm = [r for r in shown if r.test.startswith("gemm_")]
+    gemm = [r for r in shown if is_gemm(r)]
     if gemm:
-        rows = [[r.model, str(r.extra["m"]), r.extra["layer"], f"{r.extra['n']}x{r.extra['k']}",
-                 r.engine, r.quant, f"{r.median:.1f}", gemm_gbs(r), r.guard]
-                for r in sorted(gemm, key=lambda r: (r.model, r.extra["m"], r.extra["layer"],
-                                                     r.engine, r.quant))]
-        parts.append("\n## GEMM microbenchmark\n\n" + md_table(
-            ["model", "M", "layer", "N x K", "impl", "quant", "GFLOP/s", "GB/s", "guard"], rows))
+        rows = [gemm_row(r) for r in sorted(gemm, key=lambda r: (
+            r.model, r.extra["m"], r.extra["layer"], r.engine, r.quant, r.test))]
+        parts.append("\n## GEMM microbenchmark\n\nTiming `op`: through the torch op, as Python "
+                     "calls it; `loop`: the same calls back to back from C++, as our fused "
+                     "decoder-layer ops make them. % ceiling: of the same run's streaming "
+                     "ceiling, decode-sized M only.\n\n" + md_table(GEMM_COLUMNS, rows))
     regions = [r for r in shown if r.test == "parallel_region"]
     if regions:
         parts.append("\n## Cost of one parallel region\n\nAn empty `at::parallel_for` (OpenMP), "
