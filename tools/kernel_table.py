@@ -24,8 +24,8 @@ START, END = "<!-- kernels:start (tools/kernel_table.py) -->", "<!-- kernels:end
 RUNS = (("20261201T151411-3360", "20261201T101122-7520", "qwen3-0.6b-random"),
         ("20261202T154904-8960", None, "qwen3-0.6b-random"),
         ("20261202T154904-8960", None, "spark-x2.5-1.7b-random"),
-        ("20261202T202136-0368", None, "qwen3-0.6b-random"),
-        ("20261202T202136-0368", None, "spark-x2.5-1.7b-random"))
+        ("20261202T202136-0368", "20261202T203236-4480", "qwen3-0.6b-random"),
+        ("20261202T202136-0368", "20261202T203236-4480", "spark-x2.5-1.7b-random"))
 LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 BATCH = (2, 4, 8, 16)
 
