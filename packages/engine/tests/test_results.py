@@ -76,5 +76,21 @@ def test_git_state_commit_and_dirty(tmp_path):
     commit, dirty = git_state(tmp_path)
     short, _ = git_state(tmp_path, short=True)
     assert len(commit) == 40 and commit.startswith(short) and dirty is False
+    # records appended to a results file are output, not a change to what measured them;
+    # a generated page beside them is tracked like any file
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    (results / "bench.jsonl").write_text("{}\n")
+    (results / "bench.md").write_text("page")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(tmp_path)]
+    subprocess.run([*git, "add", "docs"], check=True)
+    subprocess.run([*git, "commit", "-qm", "records"], check=True)
+    commit, _ = git_state(tmp_path)
+    (results / "bench.jsonl").write_text("{}\n{}\n")
+    assert git_state(tmp_path) == (commit, False)
+    assert git_state(results) == (commit, False)  # from a subfolder too
+    (results / "bench.md").write_text("edited")
+    assert git_state(tmp_path) == (commit, True)
+    (results / "bench.md").write_text("page")
     (tmp_path / "f").write_text("b")
     assert git_state(tmp_path) == (commit, True)

@@ -46,14 +46,17 @@ def versions(*dists: str) -> dict[str, str]:
 def git_state(cwd: Path | None = None, *, short: bool = False) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the git tree at `cwd` (default: the current folder); (None, None)
     outside git or without git. Dirty means tracked files differ from the commit: a figure
-    measured on a dirty tree is not reproducible from its commit. `short`: the abbreviated
-    commit (`git rev-parse --short`), as engine records write it."""
+    measured on a dirty tree is not reproducible from its commit. The record files themselves
+    (docs/results/*.jsonl) do not count: a run that appends several records would otherwise
+    call its own later records dirty. `short`: the abbreviated commit (`git rev-parse
+    --short`), as engine records write it."""
     try:
         head = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"],
                               cwd=cwd, capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None, None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                 ":(top)", ":(top,exclude)docs/results/*.jsonl"],
                                 cwd=cwd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None, None
