@@ -32,15 +32,12 @@ def render(path: Path, command: str) -> str:
     for model in dict.fromkeys(r["model"] for r in recs):
         rows = [r for r in recs if r["model"] == model]
         r0 = rows[0]
-        m = r0["machine"]
         corpora = ", ".join(f"{c} ({v['chunks']} chunks)" for c, v in r0["corpora"].items())
         lines += [f"## {model}", "",
                   f"Weights came from: **{r0['source_grid']}**. Corpora: {corpora}, n_ctx "
                   f"{r0['n_ctx']}, {r0['positions']} scored positions. Greedy: "
                   f"{r0['greedy_prompts']} prompts x {r0['greedy_tokens']} tokens.", "",
-                  f"Machine: {m.get('cpu_model', '?')} ({m.get('isa', '?')}), cores {r0['cores']}; "
-                  f"versions {', '.join(f'{k} {v}' for k, v in r0['versions'].items())}; "
-                  f"commit {r0['git_commit']}.", "",
+                  *_machines(rows), "",
                   "| engine | build | vs | bits/weight | greedy exact | same top % | mean KL | KL p99 "
                   "| KL max | PPL base | PPL ratio |",
                   "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -58,6 +55,21 @@ def render(path: Path, command: str) -> str:
                 lines.append(f"- {r['engine']}:{r['quant']}: {_fmt_div(r['greedy_first_divergence'])}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _machines(rows: list[dict]) -> list[str]:
+    """One line per machine, versions and commit the rows were measured on, naming its builds:
+    the newest record per build may come from different runs."""
+    where: dict[str, list[str]] = {}
+    for r in rows:
+        m = r["machine"]
+        key = (f"{m.get('cpu_model', '?')} ({m.get('isa', '?')}), cores {r['cores']}; versions "
+               f"{', '.join(f'{k} {v}' for k, v in r['versions'].items())}; commit {r['git_commit']}"
+               + (" (dirty)" if r.get("git_dirty") else ""))
+        where.setdefault(key, []).append(f"{r['engine']}:{r['quant']}")
+    if len(where) == 1:
+        return [f"Machine: {next(iter(where))}."]
+    return [f"- Machine: {key}: {', '.join(builds)}." for key, builds in where.items()]
 
 
 def plot(path: Path, out: Path) -> Path | None:
