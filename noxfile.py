@@ -217,7 +217,8 @@ EXPORT_RUNS = "packages/export/src/edge_export/runs.toml"
 def bench_x86(session: nox.Session) -> None:
     """The speed grid on this host: engine x quant x model, llama-bench pp512/tg128 -r 5, pinned
     and guarded; the GEMM microbenchmark; then docs/results/report.md + plots, ending with the
-    ratio table ours / llama.cpp and % of the streaming-read ceiling. The grid is [bench] of
+    ratio table ours / llama.cpp and % of the streaming-read ceiling; the batched-decode step
+    against llama-batched-bench. The grid is [bench] of
     packages/harness/src/edge_harness/plans.toml. Args go to `bench run` (e.g. `-- --wait 600`
     to wait for a quiet machine, `-- --force` to measure on a busy one)."""
     plan = _grid(PLANS)["bench"]
@@ -237,6 +238,10 @@ def bench_x86(session: nox.Session) -> None:
     session.run("edge-infer", "bench", "gemm", "-m", models, "--m-sizes", "1,2,4,8,16,32,64,512",
                 *_isolation_args(session.posargs),
                 env=OFFLINE_ENV)
+    # the decode step against the sequences decoded together, ours and llama-batched-bench
+    for model in plan["models"]:
+        session.run("edge-infer", "bench", "batched", "-m", model, "--batches", "1,2,4,8,16",
+                    *_isolation_args(session.posargs), env=OFFLINE_ENV)
     session.run("edge-infer", "bench", "report", env=OFFLINE_ENV)
 
 

@@ -397,8 +397,8 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
 
     import edge_harness.isolation.child as child_mod
     import edge_harness.isolation.guard as guard_mod
+    from edge_harness.bench import batched, gemm, profile
     from edge_harness.bench import ceiling as ceiling_mod
-    from edge_harness.bench import gemm, profile
     from edge_harness.bench import run as run_mod
     from edge_harness.runners.base import Build, ModelRef
 
@@ -423,7 +423,8 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
            "copies": 1, "timing": "op", "impl": "nib128", "quant": "w4a16", "seconds": [1e-4, 1e-4]}
     replies = {"load": {"facts": {"version": "fake 1"}}, "tg": {"seconds": 0.5},
                "profile": {"result": {"decode_s": 0.2, "in_ops_s": 0.1, "wall_s": 0.2,
-                                      "tokens": 4, "ops": []}}}
+                                      "tokens": 4, "ops": []}},
+               "on_runner": {"result": {"seconds": 0.4, "extra": None}}}
 
     class FakeWorker:
         pid = os.getpid()
@@ -458,6 +459,10 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
     monkeypatch.setattr(profile, "get_runner", lambda name: SimpleNamespace(
         profiler=True, accepts=lambda q: True, prepare=lambda m, q: build, child_env=lambda *a: {}))
     monkeypatch.setattr(profile, "locate", lambda runner: "ours")
+    monkeypatch.setattr(batched, "Worker", FakeWorker)
+    monkeypatch.setattr(batched, "locate", lambda runner: "ours")
+    monkeypatch.setattr(batched, "get_runner", lambda name: SimpleNamespace(
+        batched=True, prepare=lambda m, q: build, child_env=lambda *a: {}))
     monkeypatch.setattr(run_mod, "resolve_model", lambda name: model)
     monkeypatch.setattr(ceiling_mod, "measure", lambda cores, gib=1.0, passes=5: {
         "samples_gbs": [10.0, 11.0], "ceiling_gbs": 11.0})
@@ -472,9 +477,12 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
     gemm.run(["fake"], [0], guard=guard, emit=bench.emit, record=bench.record, say=lambda s: None)
     prof = profile.run("fake", "ours", "w4a16", 4, "0", None, None, "test", 0.0,
                        say=lambda s: None, guard={"threshold": 0.15})
+    batched.run("fake", [run_mod.EngineSpec("ours", "w4a16", ())], [1], 4, 2, [0], guard=guard,
+                emit=bench.emit, record=bench.record, say=lambda s: None)
     kinds = {r.test: r.to_dict() for r in bench.records} | {"profile": prof}
     assert set(kinds) == {"ceiling", "tg4", "parallel_region", "dot_peak", "gemm_m1_qkv_proj",
-                          "profile"}
+                          "profile", "batched_b1_tg4"}
+    assert kinds["batched_b1_tg4"]["samples"] == [100.0, 100.0]  # 0.4 s / 4 steps, in ms
     for kind, rec in kinds.items():
         missing = [f for f in VERDICT_FIELDS if rec.get(f) is None]
         assert not missing, (kind, missing)
@@ -482,8 +490,9 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
         # the watch's worst sub-window (0.6 busy, 0.5 own), not only the before-check
         assert rec["guard_peak_load"] == pytest.approx(0.1, abs=1e-3), kind
     # every kind was watched while it was timed, not only checked before
-    # (the ceiling, two reps of tg, the parallel region, the dot peaks, gemm, the profile)
-    assert len(watched) == 1 + 2 + 1 + 1 + 1 + 1, watched
+    # (the ceiling, two reps of tg, the parallel region, the dot peaks, gemm, the profile,
+    # two reps of batched decode)
+    assert len(watched) == 1 + 2 + 1 + 1 + 1 + 1 + 2, watched
 
 
 def test_a_run_too_short_for_the_counters_is_judged_with_their_resolution():

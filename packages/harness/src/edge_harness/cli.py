@@ -1,4 +1,4 @@
-"""`edge-infer bench run | crosscheck | load | ceiling | gemm | report | fleet | merge`
+"""`edge-infer bench run | crosscheck | load | ceiling | gemm | batched | report | fleet | merge`
 (entry point of edge_infer.commands).
 
 Flags of `bench run` follow llama-bench: -m, -p, -n, -r, -t (comma lists), -o md|csv|json|
@@ -207,6 +207,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _guard_flags(pf)
     pf.set_defaults(func=cmd_profile)
 
+    bb = bsub.add_parser("batched", help="decode step time against the sequences decoded "
+                         "together: ours and llama-batched-bench, pinned, guarded")
+    bb.add_argument("-m", "--model", default="qwen3-0.6b-random", help="model (see `models list`)")
+    bb.add_argument("-e", "--engine", action="append", default=[],
+                    help="ENGINE:QUANT, comma list (default ours:w4a8-head,llama-bench:q4_k_m)")
+    bb.add_argument("--batches", type=_ints, default=[1, 2, 4, 8, 16],
+                    help="sequences decoded together (1,2,4,8,16)")
+    bb.add_argument("-n", "--n-gen", type=int, default=32, help="decode steps per repetition (32)")
+    bb.add_argument("-r", "--reps", type=int, default=3, help="repetitions per batch size (3)")
+    bb.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
+    _results_flags(bb)
+    _guard_flags(bb)
+    bb.set_defaults(func=cmd_batched)
+
     sv = bsub.add_parser("serve", help="our OpenAI server vs llama-server under concurrent load "
                          "(vllm bench serve's client), pinned, guarded, one server at a time")
     sv.add_argument("-m", "--model", default="smollm2-135m", help="registry model or HF folder")
@@ -405,6 +419,18 @@ def _print_gemm(records, fmt: str) -> None:
     from edge_harness.report.printers import GEMM_COLUMNS, gemm_row, is_gemm, md_table
 
     sys.stdout.write(md_table(GEMM_COLUMNS, [gemm_row(r) for r in records if is_gemm(r)]))
+
+
+def cmd_batched(args: argparse.Namespace) -> int:
+    from edge_harness.bench import batched
+    from edge_harness.bench.run import parse_engine, say
+
+    specs = [parse_engine(e) for e in _list(args.engine) or ["ours:w4a8-head", "llama-bench:q4_k_m"]]
+    with _guarded(args) as (bench, cores, guard):
+        batched.run(args.model, specs, args.batches, args.n_gen, args.reps, cores, guard=guard,
+                    emit=bench.emit, record=bench.record, say=say)
+    _print_records(bench.records, args.output)
+    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

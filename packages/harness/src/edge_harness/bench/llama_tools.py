@@ -25,7 +25,8 @@ from edge_infer.api import EdgeInferError, free_port, serve_process
 
 LLAMA_BENCH = "llama-bench"
 LLAMA_SERVER = "llama-server"
-TOOLS = ("llama-perplexity", LLAMA_BENCH, LLAMA_SERVER, "llama-batched-bench")
+LLAMA_BATCHED_BENCH = "llama-batched-bench"
+TOOLS = ("llama-perplexity", LLAMA_BENCH, LLAMA_SERVER, LLAMA_BATCHED_BENCH)
 # What a record keeps of each llama-bench JSON entry (the rest is the tool's echo of defaults).
 KEEP = ("build_commit", "build_number", "cpu_info", "backends", "model_filename", "model_type",
         "model_size", "n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "flash_attn",
@@ -113,6 +114,41 @@ def llama_bench_args(binary: Path, gguf: str, n_prompt: int, n_gen: int, threads
     and interleaves), llama-bench's own warm-up and defaults otherwise, JSON out."""
     return [str(binary), "-m", gguf, "-p", str(n_prompt), "-n", str(n_gen), "-r", "1",
             "-t", str(threads), "-o", "json"]
+
+
+def batched_bench_args(binary: Path, gguf: str, n_gen: int, batch: int, threads: int) -> list[str]:
+    """One `llama-batched-bench` invocation: `batch` sequences of a 1-token prompt each, then
+    n_gen steps decoding all of them together (one unified KV cache sized for them), JSONL out."""
+    n_ctx = max(256, batch * (n_gen + 1) + 64)
+    return [str(binary), "-m", gguf, "-c", str(n_ctx), "-b", "2048", "-ub", "512", "-kvu",
+            "-npp", "1", "-ntg", str(n_gen), "-npl", str(batch), "-t", str(threads),
+            "--output-format", "jsonl"]
+
+
+def parse_batched_bench(text: str, n_gen: int, batch: int, threads: int) -> dict:
+    """The JSONL entry of `llama-batched-bench --output-format jsonl` for (tg n_gen, pl batch);
+    refuses output without exactly one such entry, a positive t_tg and `threads` threads."""
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if e.get("tg") == n_gen and e.get("pl") == batch:
+            found.append(e)
+    if len(found) != 1:
+        raise EdgeInferError(f"{LLAMA_BATCHED_BENCH} printed {len(found)} entries for tg {n_gen}, "
+                             f"pl {batch} (expected one); it printed:\n"
+                             + "\n".join(text.strip().splitlines()[-10:]))
+    e = found[0]
+    if e.get("n_threads") not in (None, threads):
+        raise EdgeInferError(f"{LLAMA_BATCHED_BENCH} ran {e.get('n_threads')} threads, asked for {threads}")
+    if not (isinstance(e.get("t_tg"), (int, float)) and e["t_tg"] > 0):
+        raise EdgeInferError(f"{LLAMA_BATCHED_BENCH}: no positive t_tg: {e.get('t_tg')!r}")
+    return e
 
 
 def parse_llama_bench(text: str, threads: int) -> dict[str, dict]:

@@ -183,6 +183,13 @@ def render(results: Path, out: Path) -> str:
                      "calls it; `loop`: the same calls back to back from C++, as our fused "
                      "decoder-layer ops make them. % ceiling: of the same run's streaming "
                      "ceiling, decode-sized M only.\n\n" + md_table(GEMM_COLUMNS, rows))
+    batched = [r for r in shown if r.test.startswith("batched_")]
+    if batched:
+        parts.append("\n## Batched decode\n\n`edge-infer bench batched`: B sequences decoded "
+                     "together after a 1-token prompt each; ours through vLLM, llama.cpp through "
+                     "its own `llama-batched-bench` on the same GGUF. Time per step, median "
+                     "(min-max) of the repetitions; x B=1 is within one engine and one run; "
+                     "tok/s = B / step.\n\n" + batched_table(batched))
     regions = [r for r in shown if r.test == "parallel_region"]
     if regions:
         parts.append("\n## Cost of one parallel region\n\nAn empty `at::parallel_for` (OpenMP), "
@@ -223,6 +230,22 @@ def render(results: Path, out: Path) -> str:
         parts.append("\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n" for p in plots))
     (out / "report.md").write_text("".join(parts))
     return ratio_table(shown, all_records)
+
+
+def batched_table(records: list[Record]) -> str:
+    one = {(r.run_id, r.model, r.engine, r.quant, r.n_gen): r for r in records
+           if r.extra.get("batch") == 1}
+    rows = []
+    for r in sorted(records, key=lambda r: (r.model, r.engine, r.quant, r.n_gen or 0,
+                                            r.extra.get("batch", 0))):
+        b = r.extra.get("batch", 0)
+        base = one.get((r.run_id, r.model, r.engine, r.quant, r.n_gen))
+        rows.append([r.model, r.engine, r.quant, str(b), str(r.n_gen),
+                     f"{r.median:.2f} ({min(r.samples):.2f}-{max(r.samples):.2f})",
+                     f"{r.median / base.median:.2f}x" if base else "",
+                     f"{b / r.median * 1e3:.1f}", r.guard, r.run_id])
+    return md_table(["model", "engine", "quant", "B", "steps", "ms per step", "x B=1", "tok/s",
+                     "guard", "run"], rows)
 
 
 def plot(records: list[Record], out: Path) -> list[Path]:

@@ -24,8 +24,11 @@ from typing import Any
 
 from edge_harness.bench.gguf_build import LLAMA_CPP_PYTHON
 from edge_harness.bench.llama_tools import (
+    LLAMA_BATCHED_BENCH,
     LLAMA_BENCH,
+    batched_bench_args,
     llama_bench_args,
+    parse_batched_bench,
     parse_llama_bench,
     tool_env,
     tool_path,
@@ -42,6 +45,8 @@ class LlamaBenchRunner:
     # score llama.cpp:QUANT, the same GGUF) and no per-op profile
     full_precision = None
     profiler = False
+    # bench batched runs llama.cpp's own llama-batched-bench (same build, same GGUF)
+    batched_engine = LLAMA_BATCHED_BENCH
 
     # -- planning side -------------------------------------------------------------------
     @classmethod
@@ -52,6 +57,7 @@ class LlamaBenchRunner:
     def prepare(cls, model: ModelRef, quant: str) -> Build:
         build = LlamaCppRunner.prepare(model, quant)  # the same GGUF as the llama.cpp runner
         tool_path(LLAMA_BENCH)  # built once (minutes), here rather than inside a timed child
+        tool_path(LLAMA_BATCHED_BENCH)  # the same build
         return replace(build, engine=cls.name)
 
     @classmethod
@@ -93,6 +99,20 @@ class LlamaBenchRunner:
             raise RuntimeError(f"{LLAMA_BENCH}: expected one positive sample, got {samples!r}")
         self.last_extra = entry
         return samples[0] / 1e9
+
+    def batched(self, n: int, seed: int, batch: int) -> float:
+        """n decode steps of `batch` sequences together, timed by llama-batched-bench (its
+        t_tg); its JSONL entry becomes last_extra. It draws its own tokens: `seed` is unused."""
+        binary = tool_path(LLAMA_BATCHED_BENCH)
+        args = batched_bench_args(binary, self.gguf, n, batch, self.threads)
+        proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(binary))
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
+            raise RuntimeError(f"{LLAMA_BATCHED_BENCH} exited {proc.returncode} ({' '.join(args)}):\n"
+                               f"{tail}")
+        entry = parse_batched_bench(proc.stdout, n, batch, self.threads)
+        self.last_extra = entry
+        return float(entry["t_tg"])
 
     def pp(self, n: int, seed: int) -> float:
         return self._invoke("pp", n)

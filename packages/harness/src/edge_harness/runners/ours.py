@@ -208,6 +208,10 @@ class OursRunner:
         return {"tokens": n, "decode_s": steps_s, "wall_s": wall, "in_ops_s": in_ops,
                 "ops": ops[:top], "ops_total": len(ops)}
 
+    def batched(self, n: int, seed: int, batch: int) -> float:
+        """bench batched: n decode steps of `batch` sequences together, unprofiled."""
+        return self._batch(n, seed, batch)
+
     def _batch(self, n: int, seed: int, batch: int) -> float:
         """n decode steps of `batch` sequences together: the median over the sequences of
         last - first token time (tg(n) when batch is 1)."""
