@@ -98,18 +98,19 @@ def fidelity_section(results: Path) -> str:
         greedy = f"{r['greedy_exact']}/{r['greedy_prompts']}" if r["greedy_prompts"] else "-"
         rows.append([model, r["source_grid"].split(" (")[0], engine, quant, r["base"],
                      f"{r['bits_per_weight']:.2f}", greedy, f"{r['same_top_pct']:.2f}",
-                     f"{r['kl_mean']:.5f}", f"{r['kl_p99']:.4f}", f"{r['ppl_ratio']:.4f}"])
+                     f"{r['kl_mean']:.5f}", f"{r['kl_p99']:.4f}", f"{r['ppl_ratio']:.4f}",
+                     f"{r['machine'].get('cpu_model')} ({r['machine'].get('isa')})"])
     any_rec = next(iter(recs.values()))
     cmds = sorted({r["command"] for r in recs.values() if r.get("command")})
     crosscheck = [r for r in _read_jsonl(results / "fidelity.jsonl") if r.get("kind") == "crosscheck"]
     lines = ["## Fidelity: each build against its own engine's full precision", "",
-             f"Machine: {any_rec['machine'].get('cpu_model')} ({any_rec['machine'].get('isa')}). "
-             "llama-perplexity's statistics over lee + shakespeare chunks of "
+             "Each row names the machine of its newest record (a build and its base on the "
+             "same one). llama-perplexity's statistics over lee + shakespeare chunks of "
              f"{any_rec['n_ctx']} tokens; greedy = exact reproductions of 12 chat prompts. "
              "Details: [../results/fidelity.md](../results/fidelity.md).", "",
              "Commands: " + "; ".join(f"`{c}`" for c in cmds), "",
              md_table(["model", "weights came from", "engine", "build", "vs", "bits/weight",
-                       "greedy", "same top %", "mean KL", "KL p99", "PPL ratio"], rows)]
+                       "greedy", "same top %", "mean KL", "KL p99", "PPL ratio", "machine"], rows)]
     if crosscheck:
         c = crosscheck[-1]
         lines += ["", f"Cross-check against `llama-perplexity --kl-divergence` ({c['model']} "
