@@ -45,26 +45,31 @@ def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def _time(fn, copies: list, x, min_time: float, min_samples: int = 5,
+def _time(run, n_copies: int, min_time: float, min_samples: int = 5,
           max_samples: int = 50) -> list[float]:
-    """Seconds per call, as the mean of batches of >= ~10 ms; every call runs on the next
-    copy of the weights (see cold_bytes)."""
-    for c in copies:  # warm-up: one pass over every copy (first calls convert scales)
-        fn(x, c)
-    t0 = time.perf_counter()
-    fn(x, copies[0])
-    batch = max(1, int(0.01 / max(time.perf_counter() - t0, 1e-7)))
+    """Seconds per call, as the mean of batches of >= ~10 ms. `run(i, k)` makes k calls back
+    to back, the j-th on weight copy (i + j) % n_copies (see cold_bytes), and returns their
+    seconds; the copies rotate across batches."""
+    run(0, n_copies)  # warm-up: one pass over every copy (first calls convert scales)
+    batch = max(1, int(0.01 / max(run(0, 1), 1e-7)))
     out: list[float] = []
     i = 0
     start = time.perf_counter()
     while len(out) < max_samples and (len(out) < min_samples
                                       or time.perf_counter() - start < min_time):
-        t0 = time.perf_counter()
-        for _ in range(batch):
-            fn(x, copies[i % len(copies)])
-            i += 1
-        out.append((time.perf_counter() - t0) / batch)
+        out.append(run(i % n_copies, batch) / batch)
+        i += batch
     return out
+
+
+def _op_calls(fn, copies: list, x):
+    """run(i, k) for _time: k calls of the op from Python, as the engine's layers make them."""
+    def run(i: int, k: int) -> float:
+        t0 = time.perf_counter()
+        for j in range(i, i + k):
+            fn(x, copies[j % len(copies)])
+        return time.perf_counter() - t0
+    return run
 
 
 # Decode streams every layer's weights from memory: a layer timed on one resident copy would
@@ -80,23 +85,6 @@ def cold_bytes() -> int:
     from edge_harness.isolation.topology import largest_cache_bytes
 
     return max(COLD_BYTES, 4 * largest_cache_bytes())
-
-
-def _time_loop(kern, copies: list, x, min_time: float, min_samples: int = 5,
-               max_samples: int = 50) -> list[float]:
-    """As _time, but each batch is one call into the kernel library that makes its calls back
-    to back from C++ (the kernel's `loop_seconds`), as our fused decoder-layer ops make them:
-    no Python or dispatcher between calls. The copies rotate across batches."""
-    kern.loop_seconds(x, copies, 0, len(copies))  # warm-up: one pass over every copy
-    batch = max(1, int(0.01 / max(kern.loop_seconds(x, copies, 0, 1), 1e-7)))
-    out: list[float] = []
-    i = 0
-    start = time.perf_counter()
-    while len(out) < max_samples and (len(out) < min_samples
-                                      or time.perf_counter() - start < min_time):
-        out.append(kern.loop_seconds(x, copies, i % len(copies), batch) / batch)
-        i += batch
-    return out
 
 
 def _nbytes(obj) -> int:
@@ -167,16 +155,18 @@ def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float =
                 # and far quicker to time.
                 use = copies if m <= DECODE_M_MAX else copies[:1]
                 with torch.inference_mode():
-                    secs = _time(fn, use, x, min_time)
+                    secs = _time(_op_calls(fn, use, x), len(use), min_time)
                 row = {"model": model, "layer": layer, "m": m, "n": n, "k": k, "impl": impl,
                        "quant": quant, "group": group, "weight_bytes": nbytes,
                        "copies": len(use), "timing": "op", "seconds": secs}
                 rows.append(row)
                 kern = W4_KERNELS.get(impl)
                 if m <= DECODE_M_MAX and hasattr(kern, "loop_seconds"):
-                    # the same calls from a C++ loop: the kernel without the op's Python cost
+                    # the same calls from a C++ loop (the kernel's `loop_seconds`), as our fused
+                    # decoder-layer ops make them: no Python or dispatcher between calls
                     with torch.inference_mode():
-                        loop = _time_loop(kern, use, x, min_time)
+                        loop = _time(lambda i, k, kern=kern, use=use, x=x:
+                                     kern.loop_seconds(x, use, i, k), len(use), min_time)
                     rows.append(row | {"timing": "loop", "seconds": loop})
             del copies
     return rows
@@ -289,8 +279,7 @@ def run(models: list[str], cores: list[int], *, guard, emit, record, min_time: f
             )
             rec.achieved_gbs = round(row["weight_bytes"] / statistics.median(secs) / 1e9, 3)
             if gbs_ceiling and row["m"] <= DECODE_M_MAX:
-                rec.ceiling_gbs = round(gbs_ceiling, 3)
-                rec.pct_ceiling = round(100 * rec.achieved_gbs / gbs_ceiling, 2)
+                rec.against_ceiling(gbs_ceiling)
             emit(rec)
             say(f"{kind} {model.name} {row['layer']:<12} M={row['m']:<4} {row['impl']:<9} "
                 f"{row['quant']:<6} {rec.median:8.1f} GFLOP/s {rec.achieved_gbs:7.2f} GB/s")
