@@ -83,17 +83,23 @@ class LlamaBenchRunner:
             "n_ubatch": 512,
         }
 
-    def _invoke(self, test: str, n: int) -> float:
-        n_prompt, n_gen = (n, 0) if test == "pp" else (0, n)
-        args = llama_bench_args(self.binary, self.gguf, n_prompt, n_gen, self.threads)
-        proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(self.binary))
+    @staticmethod
+    def _run_tool(name: str, args: list[str]) -> str:
+        """Run one of llama.cpp's tools (args[0]) to completion: its stdout, or a RuntimeError
+        with the command and the last lines it printed."""
+        proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(Path(args[0])))
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
-            raise RuntimeError(f"{LLAMA_BENCH} exited {proc.returncode} ({' '.join(args)}):\n"
-                               f"{tail}")
-        entry = parse_llama_bench(proc.stdout, self.threads).get(test)
+            raise RuntimeError(f"{name} exited {proc.returncode} ({' '.join(args)}):\n{tail}")
+        return proc.stdout
+
+    def _invoke(self, test: str, n: int) -> float:
+        n_prompt, n_gen = (n, 0) if test == "pp" else (0, n)
+        stdout = self._run_tool(LLAMA_BENCH, llama_bench_args(self.binary, self.gguf, n_prompt,
+                                                              n_gen, self.threads))
+        entry = parse_llama_bench(stdout, self.threads).get(test)
         if entry is None or entry.get(f"n_{'prompt' if test == 'pp' else 'gen'}") != n:
-            raise RuntimeError(f"{LLAMA_BENCH} printed no {test}{n} result: {proc.stdout[:200]!r}")
+            raise RuntimeError(f"{LLAMA_BENCH} printed no {test}{n} result: {stdout[:200]!r}")
         samples = entry.get("samples_ns") or []
         if len(samples) != 1 or samples[0] <= 0:
             raise RuntimeError(f"{LLAMA_BENCH}: expected one positive sample, got {samples!r}")
@@ -103,14 +109,10 @@ class LlamaBenchRunner:
     def batched(self, n: int, seed: int, batch: int) -> float:
         """n decode steps of `batch` sequences together, timed by llama-batched-bench (its
         t_tg); its JSONL entry becomes last_extra. It draws its own tokens: `seed` is unused."""
-        binary = tool_path(LLAMA_BATCHED_BENCH)
-        args = batched_bench_args(binary, self.gguf, n, batch, self.threads)
-        proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(binary))
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-10:])
-            raise RuntimeError(f"{LLAMA_BATCHED_BENCH} exited {proc.returncode} ({' '.join(args)}):\n"
-                               f"{tail}")
-        entry = parse_batched_bench(proc.stdout, n, batch, self.threads)
+        args = batched_bench_args(tool_path(LLAMA_BATCHED_BENCH), self.gguf, n, batch,
+                                  self.threads)
+        entry = parse_batched_bench(self._run_tool(LLAMA_BATCHED_BENCH, args), n, batch,
+                                    self.threads)
         self.last_extra = entry
         return float(entry["t_tg"])
 
