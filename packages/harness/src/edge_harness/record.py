@@ -78,6 +78,12 @@ class Record:
         if not self.timestamp:
             self.timestamp = utc_now()
 
+    def against_ceiling(self, gbs: float) -> None:
+        """Set ceiling_gbs and pct_ceiling: achieved_gbs against a streaming ceiling of `gbs`
+        (GB/s), measured on the same cores."""
+        self.ceiling_gbs = round(gbs, 3)
+        self.pct_ceiling = round(100 * self.achieved_gbs / self.ceiling_gbs, 2)
+
     @property
     def key(self) -> tuple:
         """What a newer record of the same measurement replaces in a report."""

@@ -291,8 +291,7 @@ class Bench:
             if test == "tg":
                 rec.achieved_gbs = round(b.weight_bytes_per_token * rec.median / 1e9, 3)
                 if ceiling:
-                    rec.ceiling_gbs = round(ceiling, 3)
-                    rec.pct_ceiling = round(100 * rec.achieved_gbs / ceiling, 2)
+                    rec.against_ceiling(ceiling)
             self.emit(rec)
 
 

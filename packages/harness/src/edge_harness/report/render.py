@@ -35,8 +35,7 @@ def fill_ceiling(records: list[Record]) -> None:
     ceilings = {tuple(r.cores): max(r.samples) for r in records if r.test == "ceiling"}
     for r in records:
         if r.achieved_gbs is not None and r.pct_ceiling is None and tuple(r.cores) in ceilings:
-            r.ceiling_gbs = round(ceilings[tuple(r.cores)], 3)
-            r.pct_ceiling = round(100 * r.achieved_gbs / r.ceiling_gbs, 2)
+            r.against_ceiling(ceilings[tuple(r.cores)])
             r.extra["ceiling_from_report"] = True
 
 
