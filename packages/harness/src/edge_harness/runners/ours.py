@@ -195,10 +195,10 @@ class OursRunner:
         The profiler itself adds a little per op: shares, not speeds."""
         from torch.profiler import ProfilerActivity, profile
 
-        self._batch(min(n, 8), seed, batch)  # warm
+        self.batched(min(n, 8), seed, batch)  # warm
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             t0 = time.perf_counter()
-            steps_s = self._batch(n, seed, batch)
+            steps_s = self.batched(n, seed, batch)
             wall = time.perf_counter() - t0
         ops = []
         for e in prof.key_averages():
@@ -209,12 +209,8 @@ class OursRunner:
                 "ops": ops[:top], "ops_total": len(ops)}
 
     def batched(self, n: int, seed: int, batch: int) -> float:
-        """bench batched: n decode steps of `batch` sequences together, unprofiled."""
-        return self._batch(n, seed, batch)
-
-    def _batch(self, n: int, seed: int, batch: int) -> float:
-        """n decode steps of `batch` sequences together: the median over the sequences of
-        last - first token time (tg(n) when batch is 1)."""
+        """n decode steps of `batch` sequences together (bench batched; profile profiles it):
+        the median over the sequences of last - first token time (tg(n) when batch is 1)."""
         if batch == 1:
             return self.tg(n, seed)
         prompts = [random_ids(1, self.token_range, seed * 1000 + i) for i in range(batch)]
