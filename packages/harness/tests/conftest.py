@@ -19,6 +19,6 @@ def edge_home(edge_home):
 @pytest.fixture(scope="session")
 def test_core() -> int:
     """The core the load tests may saturate for a few seconds: the last physical one."""
-    from edge_harness.isolation.topology import physical_cores
+    from edge_infer.api import physical_cores
 
     return physical_cores()[-1]

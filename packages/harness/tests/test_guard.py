@@ -9,9 +9,9 @@ import time
 import pytest
 from harness_cli import cli
 
-from edge_harness.isolation.guard import Guard, GuardRefused
 from edge_harness.isolation.load import LoadGenerator
 from edge_harness.record import read_records
+from edge_infer.api import Guard, GuardRefused
 
 LOAD_SECONDS = 20  # every load generator here stops by itself after this
 
@@ -197,7 +197,7 @@ def test_a_dirty_tree_may_not_write_into_docs_results(tmp_path, command):
 
 
 # -- the guard's arithmetic on synthetic counters (no load, no sleeping) ---------------------
-from edge_harness.isolation.guard import Sample  # noqa: E402
+from edge_infer.api import Sample  # noqa: E402
 
 
 def samples(windows, own=None, dt=0.5, cpus=(0, 1)):
@@ -343,8 +343,8 @@ def test_a_repetition_run_beside_a_blip_is_thrown_away_and_taken_again(tmp_path)
     from types import SimpleNamespace
 
     from edge_harness.bench import run as run_mod
-    from edge_harness.isolation.guard import REMEASURE
     from edge_harness.runners.base import Build, ModelRef
+    from edge_infer.api import REMEASURE
 
     topo = no_smt(tmp_path / "topo")
     quiet = samples([{0: 0.5}] * 3, [0.5] * 3, cpus=(0,))
@@ -396,7 +396,7 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
     import edge_harness.isolation.child as child_mod
-    import edge_harness.isolation.guard as guard_mod
+    import edge_infer.api as guard_mod
     from edge_harness.bench import batched, gemm, profile
     from edge_harness.bench import ceiling as ceiling_mod
     from edge_harness.bench import run as run_mod
@@ -498,7 +498,7 @@ def test_every_record_kind_carries_the_guard_verdict(tmp_path, monkeypatch):
 def test_a_run_too_short_for_the_counters_is_judged_with_their_resolution():
     """A 0.1 s tg8 reads 10 ticks per core: 2 ticks of counter skew (0.2 of a core) is not
     load. The same foreign fraction over a 10 s run, or over a 0.5 s sub-window, is refused."""
-    from edge_harness.isolation.guard import Guard, Reading, tick_slack
+    from edge_infer.api import Guard, Reading, tick_slack
 
     guard = Guard([0], threshold=0.15)
     short = Reading("during", 0.1, {0: 1.08}, 0.9, 0.18, 0.18)

@@ -6,8 +6,8 @@ import pytest
 from harness_cli import cli
 
 from edge_harness.isolation.child import Worker, bench_lock
-from edge_harness.isolation.guard import ComparisonRefused, check_comparable
-from edge_harness.isolation.topology import (
+from edge_harness.isolation.compare import ComparisonRefused, check_comparable
+from edge_infer.api import (
     choose_cores,
     largest_cache_bytes,
     parse_cpu_list,

@@ -15,10 +15,9 @@ from edge_harness.fidelity import score
 from edge_harness.fidelity.chunks import make_chunks
 from edge_harness.fidelity.metrics import KLAccumulator
 from edge_harness.fidelity.run import FidelityPlan, FidelityRun
-from edge_harness.isolation.topology import physical_cores
 from edge_harness.runners import get_runner, runners
 from edge_harness.runners.base import Build, ModelRef, missing
-from edge_infer.api import UsageError
+from edge_infer.api import UsageError, physical_cores
 
 TEXT = "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. " * 40
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from edge_infer import __version__
 from edge_infer.errors import EdgeInferError, UsageError
+from edge_infer.guard import REMEASURE, Guard, GuardRefused, Reading, Sample, Verdict, tick_slack
 from edge_infer.home import home
 from edge_infer.kernels.cpu import activation_dtype, fingerprint
 from edge_infer.models.pull import pull
@@ -37,6 +38,13 @@ from edge_infer.serve.process import ServeFailed, free_port
 from edge_infer.serve.process import start as serve_start
 from edge_infer.serve.process import stop as serve_stop
 from edge_infer.serve.runtime import vllm_env
+from edge_infer.topology import (
+    choose_cores,
+    largest_cache_bytes,
+    parse_cpu_list,
+    physical_cores,
+    siblings,
+)
 
 if TYPE_CHECKING:
     from edge_infer.corpus import OTHER as OTHER_CORPUS
@@ -64,14 +72,16 @@ _LAZY = {
 }
 
 __all__ = [
-    "DEFAULT_MODEL", "DOT_PEAK_KINDS", "EdgeInferError", "GREEDY_PROMPTS", "GROUPS",
-    "OTHER_CORPUS", "PulledModel", "REGISTRY", "SCHEMES", "ServeFailed", "UsageError",
-    "W4Config", "W4_KERNELS", "__version__", "activation_dtype", "append", "cached_checkpoint",
-    "checkpoint_dir", "context", "corpus_text", "default_config", "dot_peak", "fingerprint",
-    "first_divergence", "free_port", "fused_decode_enabled", "fused_decode_unsupported",
-    "git_state", "home", "is_pulled", "latest", "model_path", "parallel_region_cost",
-    "prompt_logits", "pull", "quantize_w4", "read", "require_clean", "serve_process", "serve_start",
-    "serve_stop", "token_windows", "utc_now", "versions", "vllm_env",
+    "DEFAULT_MODEL", "DOT_PEAK_KINDS", "EdgeInferError", "GREEDY_PROMPTS", "GROUPS", "Guard",
+    "GuardRefused", "OTHER_CORPUS", "PulledModel", "REGISTRY", "REMEASURE", "Reading", "SCHEMES",
+    "Sample", "ServeFailed", "UsageError", "Verdict", "W4Config", "W4_KERNELS", "__version__",
+    "activation_dtype", "append", "cached_checkpoint", "checkpoint_dir", "choose_cores",
+    "context", "corpus_text", "default_config", "dot_peak", "fingerprint", "first_divergence",
+    "free_port", "fused_decode_enabled", "fused_decode_unsupported", "git_state", "home",
+    "is_pulled", "largest_cache_bytes", "latest", "model_path", "parallel_region_cost",
+    "parse_cpu_list", "physical_cores", "prompt_logits", "pull", "quantize_w4", "read",
+    "require_clean", "serve_process", "serve_start", "serve_stop", "siblings", "tick_slack",
+    "token_windows", "utc_now", "versions", "vllm_env",
 ]
 
 

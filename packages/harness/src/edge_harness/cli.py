@@ -352,7 +352,7 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
 
 def cmd_load(args: argparse.Namespace) -> int:
     from edge_harness.isolation import load
-    from edge_harness.isolation.topology import parse_cpu_list
+    from edge_infer.api import parse_cpu_list
 
     try:
         cores = parse_cpu_list(args.cores)
@@ -369,8 +369,7 @@ def _guarded(args: argparse.Namespace):
     """(Bench, cores, Guard) for a measurement that is not `bench run`, under the bench lock."""
     from edge_harness.bench.run import Bench, Plan, command_line
     from edge_harness.isolation.child import bench_lock
-    from edge_harness.isolation.guard import Guard
-    from edge_harness.isolation.topology import choose_cores
+    from edge_infer.api import Guard, choose_cores
 
     cores = choose_cores(args.cores, args.threads)
     bench = Bench(Plan(models=[], engines=[], results=_out(args), command=command_line()))

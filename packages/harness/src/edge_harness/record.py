@@ -43,7 +43,7 @@ class Record:
     cpu_flags: list[str] = field(default_factory=list)
     guard: str = "ok"  # "ok" | "overridden" (--force while the guard saw foreign load)
     guard_foreign_load: float | None = None  # worst foreign load seen, fraction of one core
-    # What the guard judged (isolation.guard.Verdict): the worst mean over one measurement,
+    # What the guard judged (edge_infer.api.Verdict): the worst mean over one measurement,
     # the worst one core over a sub-window, against the threshold; None in older records.
     guard_mean_load: float | None = None
     guard_peak_load: float | None = None

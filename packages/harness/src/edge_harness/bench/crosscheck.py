@@ -27,11 +27,9 @@ from edge_harness.bench.llama_tools import LLAMA_BENCH as TOOL
 from edge_harness.bench.llama_tools import llama_bench_args, parse_llama_bench, tool_env, tool_path
 from edge_harness.bench.run import Bench, Isolation, Plan, resolve_model, say
 from edge_harness.isolation.child import Worker, bench_lock
-from edge_harness.isolation.guard import Guard, Verdict
-from edge_harness.isolation.topology import choose_cores
 from edge_harness.record import Record, summarize
 from edge_harness.runners.llamacpp import LlamaCppRunner
-from edge_infer.api import EdgeInferError, UsageError
+from edge_infer.api import EdgeInferError, Guard, UsageError, Verdict, choose_cores
 
 KIND = "llama_bench_crosscheck"
 TOLERANCE = 0.05  # medians within ±5%

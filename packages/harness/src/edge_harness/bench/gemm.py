@@ -82,7 +82,7 @@ MAX_COPIES = 4096
 
 
 def cold_bytes() -> int:
-    from edge_harness.isolation.topology import largest_cache_bytes
+    from edge_infer.api import largest_cache_bytes
 
     return max(COLD_BYTES, 4 * largest_cache_bytes())
 

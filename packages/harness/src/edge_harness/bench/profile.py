@@ -12,9 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from edge_harness.isolation.child import Worker, bench_lock
-from edge_harness.isolation.topology import choose_cores
 from edge_harness.runners import get_runner, locate, runners
-from edge_infer.api import UsageError, append, context, latest, read
+from edge_infer.api import UsageError, append, choose_cores, context, latest, read
 
 
 def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, results: Path | None,
@@ -24,7 +23,7 @@ def run(model_name: str, engine: str, quant: str, n: int, cores_arg, threads, re
     `options` as bench run's `@key=value` (e.g. fused); `guard` the contention guard's
     settings (threshold, window, force, wait), as bench run's flags."""
     from edge_harness.bench.run import resolve_model
-    from edge_harness.isolation.guard import Guard
+    from edge_infer.api import Guard
 
     runner = get_runner(engine)
     if not runner.profiler:

@@ -27,12 +27,11 @@ from pathlib import Path
 
 from edge_harness.bench import ceiling as ceiling_mod
 from edge_harness.isolation.child import Worker, bench_lock
-from edge_harness.isolation.guard import Guard, check_comparable
-from edge_harness.isolation.topology import choose_cores
+from edge_harness.isolation.compare import check_comparable
 from edge_harness.record import Record, append_record, read_records
 from edge_harness.runners import get_runner, locate
 from edge_harness.runners.base import Build, ModelRef
-from edge_infer.api import UsageError, fingerprint, git_state
+from edge_infer.api import Guard, UsageError, choose_cores, fingerprint, git_state
 
 OPTION_TYPES = {"threads": int, "prefix_caching": bool, "kv_cache_gib": int, "act_dtype": str,
                 "compiled": bool, "fused": bool}

@@ -41,17 +41,18 @@ from typing import Any
 from edge_harness.bench.llama_tools import LLAMA_SERVER, start_server, tool_path, tool_version
 from edge_harness.bench.run import Bench, EngineSpec, Isolation, Plan, resolve_model, say
 from edge_harness.isolation.child import Worker, bench_lock
-from edge_harness.isolation.guard import Guard
-from edge_harness.isolation.topology import choose_cores, siblings
 from edge_harness.record import Record
 from edge_harness.runners import get_runner
 from edge_harness.runners.base import Build, ModelRef
 from edge_infer.api import (
     EdgeInferError,
+    Guard,
     UsageError,
     __version__,
     activation_dtype,
+    choose_cores,
     serve_process,
+    siblings,
     versions,
 )
 

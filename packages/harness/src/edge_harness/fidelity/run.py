@@ -27,10 +27,9 @@ from edge_harness.fidelity import score
 from edge_harness.fidelity.chunks import Chunks, make_chunks
 from edge_harness.fidelity.metrics import KLAccumulator
 from edge_harness.isolation.child import Worker, bench_lock
-from edge_harness.isolation.topology import choose_cores
 from edge_harness.runners import get_runner, locate, runners
 from edge_harness.runners.base import Build, ModelRef
-from edge_infer.api import GREEDY_PROMPTS, UsageError, append, context, first_divergence
+from edge_infer.api import GREEDY_PROMPTS, UsageError, append, choose_cores, context, first_divergence
 
 
 @dataclass

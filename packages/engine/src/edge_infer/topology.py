@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from edge_infer.api import UsageError
+from edge_infer.errors import UsageError
 
 SYS_CPU = Path("/sys/devices/system/cpu")
 

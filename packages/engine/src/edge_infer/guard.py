@@ -23,8 +23,8 @@ A refusal names the processes that used CPU in the window (process CPU times bef
 and the exit code is non-zero. `--force` runs anyway and the records say `guard: overridden`.
 Every record says what the guard saw (`Verdict.fields`: mean, peak, threshold, windows).
 
-The guard also refuses a misconfigured comparison: engines compared must run on the same
-cores, with the same thread count and the same prefix-caching setting (`check_comparable`).
+It lives in the engine so that every timing of every package is judged by one guard: the
+harness's benchmarks, and the engine's own serve smoke.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from pathlib import Path
 
 import psutil
 
-from edge_harness.isolation.topology import SYS_CPU, siblings
-from edge_infer.api import EdgeInferError
+from edge_infer.errors import EdgeInferError
+from edge_infer.topology import SYS_CPU, siblings
 
 DEFAULT_THRESHOLD = 0.15  # of one core; an idle desktop sits at 0.01-0.05
 DEFAULT_WINDOW = 1.0  # seconds of sampling before each measurement
@@ -59,12 +59,6 @@ class GuardRefused(EdgeInferError):
     """The chosen cores are busy (exit code 3)."""
 
     exit_code = 3
-
-
-class ComparisonRefused(EdgeInferError):
-    """Engines of one comparison differ in cores, threads or prefix caching (exit code 4)."""
-
-    exit_code = 4
 
 
 @dataclass
@@ -402,36 +396,3 @@ class Watch:
         dt = self.samples[-1].t - self.samples[0].t
         busy = busy_processes(self._snap0, snap1, dt, g.watched, g.exclude | self._tree)
         self.reading = g.reading_during(self.samples, busy)
-
-
-# -- comparisons ---------------------------------------------------------------------------
-COMPARED = ("cores", "threads", "prefix_caching")
-
-
-def check_comparable(setups: dict[str, dict]) -> None:
-    """Refuse engines of one comparison that differ in cores, threads or prefix caching.
-
-    `setups` maps an engine label ("ours:w4a16") to what it runs with, as planned or as the
-    child reported after loading (cores from os.sched_getaffinity inside the child, threads
-    and prefix caching from the engine itself).
-    """
-    if len(setups) < 2:
-        return
-    problems = []
-    for key in COMPARED:
-        values = {label: _norm(s.get(key)) for label, s in setups.items()}
-        if len(set(values.values())) > 1:
-            shown = ", ".join(f"{label}={v}" for label, v in values.items())
-            problems.append(f"{key} differ ({shown})")
-    if problems:
-        raise ComparisonRefused(
-            "misconfigured comparison: " + "; ".join(problems) + ". Engines compared must run "
-            "on the same physical cores with the same thread count and prefix caching off for "
-            "all; drop the per-engine override, or benchmark the engines in separate runs."
-        )
-
-
-def _norm(v):
-    if isinstance(v, (list, tuple, set, frozenset)):
-        return ",".join(map(str, sorted(v)))
-    return bool(v) if v is None else v
