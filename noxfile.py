@@ -234,8 +234,11 @@ def bench_x86(session: nox.Session) -> None:
     session.run("edge-infer", "bench", "run", "-m", spark["model"], "-e", spark["engines"],
                 "-p", "512", "-n", "128", "-r", "5", "--no-ceiling", *session.posargs,
                 env=OFFLINE_ENV)
-    # M = 1 (decode) through 64 (batched decode) and 512 (a pp512 prefill)
+    # M = 1 (decode) through 64 (batched decode) and 512 (a pp512 prefill), the kernel the
+    # engine dispatches per shape beside bf16/fp32 F.linear: every available kernel at every M
+    # took 42 min for smollm2 alone (`bench gemm --kernels` without it compares them all)
     session.run("edge-infer", "bench", "gemm", "-m", models, "--m-sizes", "1,2,4,8,16,32,64,512",
+                "--kernels", "dispatched",
                 *_isolation_args(session.posargs),
                 env=OFFLINE_ENV)
     # the decode step against the sequences decoded together, ours and llama-batched-bench

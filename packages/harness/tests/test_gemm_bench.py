@@ -52,3 +52,15 @@ def test_region_cost_is_measured_per_thread_count():
         pytest.skip("C++ kernels could not be built here")
     us = gemm.region_cost(1, reps=200, samples=3)
     assert len(us) == 3 and all(0 <= u < 1e4 for u in us)
+
+
+def test_dispatched_times_only_the_kernel_the_engine_picks(tmp_path, monkeypatch):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    monkeypatch.setattr(gemm, "cold_bytes", lambda: 1 << 20)
+    rows = gemm.measure("tiny", str(tmp_path), 64, threads=1, min_time=0.0, ms=[1],
+                        kernels=[gemm.DISPATCHED])
+    for layer, (n, k) in gemm.linear_shapes(TINY).items():
+        want = {(w4a16.select(n, k, 64, scheme=s).name, s) for s in w4a16.SCHEMES}
+        got = {(r["impl"], r["quant"]) for r in rows
+               if r["layer"] == layer and r["impl"] != "F.linear"}
+        assert got == want

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from edge_infer.corpus import OTHER as OTHER_CORPUS
     from edge_infer.corpus import corpus_text, token_windows
     from edge_infer.kernels.w4a16 import KERNELS as W4_KERNELS
+    from edge_infer.kernels.w4a16 import select as select_w4_kernel
     from edge_infer.quant.primitives import quantize_w4
     from edge_infer.vllm_ext.fused import enabled as fused_decode_enabled
     from edge_infer.vllm_ext.fused import unsupported_reason as fused_decode_unsupported
@@ -64,6 +65,7 @@ _LAZY = {
     # 4-bit kernels by name (each says available(), schemes, prepack, forward) and the
     # group quantizer they take weights from
     "W4_KERNELS": ("edge_infer.kernels.w4a16", "KERNELS"),
+    "select_w4_kernel": ("edge_infer.kernels.w4a16", "select"),  # the one the engine runs
     "quantize_w4": ("edge_infer.quant.primitives", "quantize_w4"),
     # vLLM: prompt logits of a loaded LLM, and whether decode runs our fused layer ops
     "prompt_logits": ("edge_infer.vllm_ext.logits", "prompt_logits"),
@@ -80,7 +82,7 @@ __all__ = [
     "free_port", "fused_decode_enabled", "fused_decode_unsupported", "git_state", "home",
     "is_pulled", "largest_cache_bytes", "latest", "model_path", "parallel_region_cost",
     "parse_cpu_list", "physical_cores", "prompt_logits", "pull", "quantize_w4", "read",
-    "require_clean", "serve_process", "serve_start", "serve_stop", "siblings", "tick_slack",
+    "require_clean", "select_w4_kernel", "serve_process", "serve_start", "serve_stop", "siblings", "tick_slack",
     "token_windows", "utc_now", "versions", "vllm_env",
 ]
 

@@ -112,20 +112,26 @@ def _copies(obj, nbytes: int) -> list:
     return [obj] + [clone(obj) for _ in range(n - 1)]
 
 
+DISPATCHED = "dispatched"  # --kernels: only the kernel the engine picks per shape and scheme
+
+
 def measure(model: str, hf_dir: str, group: int, threads: int, min_time: float = 0.3,
             ms: list[int] | None = None, kernels: list[str] | None = None) -> list[dict]:
     """Time every implementation on every layer shape of one model (called in the child)."""
     import torch
     import torch.nn.functional as F
 
-    from edge_infer.api import W4_KERNELS, quantize_w4
+    from edge_infer.api import SCHEMES, W4_KERNELS, quantize_w4, select_w4_kernel
 
     torch.set_num_threads(threads)
     config = json.loads((Path(hf_dir) / "config.json").read_text())
-    names = kernels or [k for k, cls in W4_KERNELS.items() if cls.available()]
     gen = torch.Generator().manual_seed(0)
     rows = []
     for layer, (n, k) in linear_shapes(config).items():
+        if kernels == [DISPATCHED]:  # what the engine runs for this shape, per scheme
+            names = sorted({select_w4_kernel(n, k, group, scheme=s).name for s in SCHEMES})
+        else:
+            names = kernels or [k for k, cls in W4_KERNELS.items() if cls.available()]
         w = torch.randn(n, k, generator=gen) * 0.02
         q, scale, zero = quantize_w4(w, group, False, torch.bfloat16)
         # (implementation, quant, activation dtype, weights as held, call(x, weights))
