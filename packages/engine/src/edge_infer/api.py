@@ -82,8 +82,8 @@ __all__ = [
     "free_port", "fused_decode_enabled", "fused_decode_unsupported", "git_state", "home",
     "is_pulled", "largest_cache_bytes", "latest", "model_path", "parallel_region_cost",
     "parse_cpu_list", "physical_cores", "prompt_logits", "pull", "quantize_w4", "read",
-    "require_clean", "select_w4_kernel", "serve_process", "serve_start", "serve_stop", "siblings", "tick_slack",
-    "token_windows", "utc_now", "versions", "vllm_env",
+    "require_clean", "select_w4_kernel", "serve_process", "serve_start", "serve_stop",
+    "siblings", "tick_slack", "token_windows", "utc_now", "versions", "vllm_env",
 ]
 
 

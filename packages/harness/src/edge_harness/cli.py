@@ -184,8 +184,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="models whose linear shapes to use (default smollm2-135m)")
     g.add_argument("-t", "--threads", type=int, default=None, help="threads (default: one per chosen core)")
     g.add_argument("--m-sizes", type=_ints, default=[1, 512], help="M values (1,512)")
-    g.add_argument("--kernels", default=None, help="4-bit kernels, comma-separated, or `dispatched` for the one the "
-                   "engine picks per shape and scheme (default: all available)")
+    g.add_argument("--kernels", default=None,
+                   help="4-bit kernels, comma-separated, or `dispatched` for the one the engine "
+                   "picks per shape and scheme (default: all available)")
     g.add_argument("--min-time", type=float, default=0.3, help="seconds timed per case")
     g.add_argument("--no-ceiling", action="store_true",
                    help="skip the streaming ceiling (by default measured first, and each "
