@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from edge_infer import results
 from edge_infer.errors import UsageError
 from edge_infer.results import append, context, git_state, latest, read, require_clean
 
@@ -94,3 +95,24 @@ def test_git_state_commit_and_dirty(tmp_path):
     (results / "bench.md").write_text("page")
     (tmp_path / "f").write_text("b")
     assert git_state(tmp_path) == (commit, True)
+
+
+def test_command_line_names_the_program_not_its_path():
+    assert results.command_line(["/some/venv/bin/edge-infer", "bench", "run", "-m", "a b"]) == (
+        "edge-infer bench run -m 'a b'")
+
+
+def test_missing_provenance_names_each_absent_field():
+    full = {"machine": {"cpu_model": "x", "cpu_flags": [], "threads": 2}, "versions": {},
+            "git_commit": "abc", "git_dirty": False, "cores": [0, 1], "guard": "ok",
+            "guard_threshold": 0.15, "guard_window": 1.0, "guard_mean_load": 0.0,
+            "guard_peak_load": 0.0, "command": "edge-infer x"}
+    assert results.missing_provenance(full) == []
+    flat = {k: v for k, v in full.items() if k not in ("machine", "versions")}
+    flat |= {"cpu_model": "x", "cpu_flags": [], "threads": 2, "engine_version": "1"}
+    assert results.missing_provenance(flat) == []  # a harness Record's flat shape
+    partial = {k: v for k, v in full.items() if k not in ("guard_peak_load", "command")}
+    assert results.missing_provenance(partial) == ["guard_peak_load", "command"]
+    assert results.missing_provenance({"machine": {}}) == [a[0] for a in results.PROVENANCE]
+    assert results.missing_provenance(full | {"command": "", "guard": None}) == ["guard",
+                                                                                 "command"]

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from edge_infer.guard import REMEASURE, Guard, GuardRefused, Sample
+from edge_infer.results import missing_provenance
 from edge_infer.serve import smoke
 
 
@@ -20,8 +21,11 @@ class ScriptedGuard(Guard):
         self.foreign = foreign
         self.watched: list[int] = []
 
+    def sample_idle(self):
+        return self.reading_before(Sample(0.0, {0: 0.0}), Sample(1.0, {0: 0.01}))
+
     def check_idle(self, what):
-        return "ok", self.reading_before(Sample(0.0, {0: 0.0}), Sample(1.0, {0: 0.01}))
+        return "ok", self.sample_idle()
 
     @contextlib.contextmanager
     def watch(self, pid):
@@ -57,6 +61,7 @@ def test_a_cold_start_record_carries_the_guard_verdict(tmp_path, no_build):
         assert rec[field] is not None, field
     assert rec["guard"] == "ok" and rec["guard_threshold"] == guard.threshold
     assert rec["cores"] == [0] and rec["first_token_s"]["median"] == 12.5
+    assert missing_provenance(rec) == []
 
 
 def test_a_cold_start_beside_foreign_load_is_retaken_then_refused(tmp_path, no_build):
@@ -73,3 +78,33 @@ def test_forced_cold_starts_are_recorded_as_overridden(tmp_path, no_build):
     guard = ScriptedGuard(0.5, topology=topo, force=True)
     rec = smoke.run_cold_start(tmp_path / "engine.jsonl", 2, 8, "eager", 60.0, guard)
     assert rec["guard"] == "overridden" and rec["guard_mean_load"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("foreign", "status"), [(0.0, "ok"), (0.5, "contended")])
+def test_the_greedy_comparison_is_observed_by_the_guard(tmp_path, no_build, monkeypatch,
+                                                        foreign, status):
+    _, topo = no_build
+    monkeypatch.setattr(smoke, "pull", lambda name: SimpleNamespace(hf_dir=tmp_path))
+    monkeypatch.setattr(smoke, "vllm_env", lambda prof: {})
+    monkeypatch.setattr(smoke, "greedy_outputs",
+                        lambda r, n: ([[1, 2, 3]] * len(smoke.GREEDY_PROMPTS), ["edge-avx2"]))
+    guard = ScriptedGuard(foreign, topology=topo)
+    rec = smoke.run_greedy(tmp_path / "engine.jsonl", 3, guard)
+    # not a timing: never retaken or refused, but the record says what ran beside it
+    assert guard.watched == [os.getpid()] and rec["guard"] == status
+    assert rec["guard_mean_load"] == pytest.approx(foreign)
+    assert rec["exact_matches"] == len(smoke.GREEDY_PROMPTS)
+    assert missing_provenance(rec) == []
+
+
+def test_a_refused_smoke_prints_one_line_and_exits_with_its_code(monkeypatch, capsys, tmp_path):
+    def refuse(*a):
+        raise GuardRefused("contention guard: cores 0 are busy before serve cold start")
+
+    monkeypatch.setattr(smoke, "run_cold_start", refuse)
+    monkeypatch.setattr("sys.argv", ["smoke", "--skip-greedy", "--out", str(tmp_path / "e.jsonl")])
+    with pytest.raises(SystemExit) as exc:
+        smoke.main()
+    assert exc.value.code == GuardRefused.exit_code != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "contention guard" in err and "Traceback" not in err

@@ -10,6 +10,7 @@ from conftest import build_tiny
 from edge_export import records
 from edge_export.sqnr import logit_agreement
 from edge_export.xnnpack.lower import HEAD_BITS, Recipe, apply_recipe, scheme_recipe
+from edge_infer.api import missing_provenance
 
 
 def _decoder(path):
@@ -143,6 +144,8 @@ def test_ablate_writes_one_eager_record_per_variant(tiny_llama, tmp_path):
         assert 0 < r["sqnr_db"] < 100  # quantized: finite, and not the float model
         for key in ("versions", "machine", "git_commit", "recipe", "eval", "created"):
             assert key in r
+        # each variant's times were observed by the guard, and the record says so
+        assert missing_provenance(r) == [] and r["guard"] in ("ok", "contended")
     by = {r["variant"]: r for r in rows}
     assert by[names[2]]["sink_prefix"] is None and by[names[0]]["sink_prefix"]["token_id"] == 1
     assert by[names[2]]["eval"]["tokens_per_sequence"] == 24  # no prefix: the whole window

@@ -6,6 +6,7 @@ import pytest
 
 from edge_export import records
 from edge_infer import corpus
+from edge_infer.api import missing_provenance
 from edge_infer.cli import build_parser
 from edge_infer.errors import EdgeInferError
 
@@ -47,10 +48,22 @@ def test_append_load_render(tmp_path):
 
 
 def test_stamp_has_provenance():
-    r = records.stamp({})
+    with records.guard().observe("nothing") as verdict:
+        pass
+    r = records.stamp({}, verdict)
     assert set(r) >= {"versions", "machine", "git_commit", "created", "schema"}
     assert r["versions"]["torch"] and r["machine"]["cpu_model"]
+    assert missing_provenance(r) == [] and r["guard_threshold"] > 0
     json.dumps(r)
+
+
+def test_a_published_record_without_provenance_is_refused(tmp_path):
+    results = tmp_path / "docs" / "results"
+    results.mkdir(parents=True)
+    with pytest.raises(ValueError, match="lacks .*guard"):
+        records.append(results / "export.jsonl", records.stamp({}))  # no verdict
+    assert not (results / "export.jsonl").exists()
+    records.append(tmp_path / "scratch.jsonl", {"kind": "scratch"})  # not published: free
 
 
 def test_builtin_tokens_are_deterministic_and_in_range():

@@ -8,6 +8,7 @@ import pytest
 
 from conftest import tiny_request
 from edge_export.pipeline import run
+from edge_infer.api import missing_provenance
 
 
 def test_fp32_export_runs_through_the_cli(tiny_llama, tmp_path, edge_home):
@@ -31,6 +32,8 @@ def test_fp32_export_runs_through_the_cli(tiny_llama, tmp_path, edge_home):
     for key in ("versions", "machine", "git_commit", "export_s", "eval_s"):
         assert key in record
     assert record["versions"]["executorch"] and record["machine"]["isa"]
+    assert missing_provenance(record) == [] and record["guard"] in ("ok", "contended")
+    assert record["command"].startswith("python -m edge_infer export ")
     appended = [json.loads(line) for line in results.read_text().splitlines()]
     assert len(appended) == 1 and appended[0]["sqnr_db"] == pytest.approx(record["sqnr_db"])
 

@@ -3,6 +3,8 @@ on the same text and GGUFs: mean KL and same-top within 1% relative (the issue's
 
 import json
 
+from edge_infer.api import missing_provenance
+
 
 def test_llama_perplexity_agrees_with_our_numbers(tmp_path, cli, smollm2):
     results = tmp_path / "crosscheck.jsonl"
@@ -11,7 +13,7 @@ def test_llama_perplexity_agrees_with_our_numbers(tmp_path, cli, smollm2):
     print(res.stdout)
     assert results.is_file(), res.stderr[-3000:]
     (rec,) = [json.loads(line) for line in results.read_text().splitlines()]
-    assert rec["kind"] == "crosscheck"
+    assert rec["kind"] == "crosscheck" and missing_provenance(rec) == []
     # the tool saw the same number of scored positions' worth of signal: both KLs are real
     assert rec["llama_perplexity"]["kl_mean"] > 1e-4
     for key in ("kl_mean", "same_top_pct"):

@@ -5,6 +5,8 @@ are recorded and printed, never asserted; --force, since a noisy CI machine must
 
 import json
 
+from edge_infer.api import missing_provenance
+
 
 def test_llama_bench_runs_beside_our_runner(tmp_path, cli, smollm2):
     results = tmp_path / "bench.jsonl"
@@ -18,6 +20,7 @@ def test_llama_bench_runs_beside_our_runner(tmp_path, cli, smollm2):
     for r in records:
         x = r["extra"]
         assert r["kind"] == "llama_bench_crosscheck" and r["engine"] == "llama-bench"
+        assert missing_provenance(r) == []
         # llama-bench's JSON, one invocation per round, same sizes and threads as our runner
         assert len(x["llama_bench_json"]) == 2 and len(x["ours_samples"]) == 2
         for e in x["llama_bench_json"]:

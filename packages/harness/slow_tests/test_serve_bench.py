@@ -7,6 +7,8 @@ that asserts no speed (the record then says guard: overridden)."""
 
 import json
 
+from edge_infer.api import missing_provenance
+
 
 def test_both_servers_answer_every_request_and_the_records_are_written(tmp_path, cli, smollm2):
     results = tmp_path / "serve.jsonl"
@@ -40,6 +42,7 @@ def test_both_servers_answer_every_request_and_the_records_are_written(tmp_path,
         assert r["git_commit"] and r["git_dirty"] is not None and r["command"]
         assert r["cpu_model"] and r["cpu_flags"] and r["run_id"] and x["versions"]
         assert r["guard"] in ("ok", "overridden") and r["guard_threshold"] is not None
+        assert missing_provenance(r) == []
         assert r["guard_mean_load"] is not None and r["guard_peak_load"] is not None
     ours, theirs = records
     assert ours["engine_version"].startswith("edge-infer ") and "vllm" in ours["engine_version"]

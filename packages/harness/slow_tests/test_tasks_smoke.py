@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from edge_infer.api import missing_provenance
+
 pytestmark = pytest.mark.slow
 
 
@@ -18,6 +20,7 @@ def test_humaneval_through_our_server(tmp_path, cli, smollm2):
     assert res.returncode == 0, res.stderr[-3000:]
     (rec,) = [json.loads(line) for line in results.read_text().splitlines()]
     assert rec["kind"] == "humaneval" and rec["model"] == smollm2 and rec["quant"] == "bf16"
+    assert missing_provenance(rec) == [] and rec["guard"] in ("ok", "contended")
     assert rec["problems"] == 5 and [r["task_id"] for r in rec["results"]] == [
         f"HumanEval/{i}" for i in range(5)]
     # the server answered every problem with text, and the sandbox judged each one

@@ -7,6 +7,8 @@ import json
 import pytest
 from harness_cli import cli
 
+from edge_infer.api import missing_provenance
+
 
 @pytest.fixture(scope="module")
 def records(smollm2, tmp_path_factory):
@@ -105,3 +107,10 @@ def test_a_cached_base_is_refused_when_stale_or_truncated(tmp_path):
     assert cached_base(tmp_path, chunks, {**key, "n_gen": 5}) is None
     data.write_bytes(b"\0" * 12)  # a run killed while writing
     assert cached_base(tmp_path, chunks, key) is None
+
+
+def test_every_record_carries_its_provenance(records):
+    # not timings, so observed rather than guarded: the verdict says what ran beside them
+    for label, r in records.items():
+        assert missing_provenance(r) == [], label
+        assert r["guard"] in ("ok", "contended") and r["command"]

@@ -3,8 +3,11 @@
 import json
 
 import pytest
+from harness_cli import cli
 
 from edge_harness.bench import gemm
+from edge_harness.record import read_records
+from edge_infer.api import missing_provenance
 from edge_infer.kernels import w4a16
 
 TINY = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
@@ -64,3 +67,18 @@ def test_dispatched_times_only_the_kernel_the_engine_picks(tmp_path, monkeypatch
         got = {(r["impl"], r["quant"]) for r in rows
                if r["layer"] == layer and r["impl"] != "F.linear"}
         assert got == want
+
+
+def test_every_gemm_record_carries_its_provenance(tmp_path, smollm2, edge_home):
+    """`bench gemm` end to end, as small as it goes: the parallel-region, dot-peak and GEMM
+    records each say where, how and beside what they were timed."""
+    results = tmp_path / "bench.jsonl"
+    res = cli("bench", "gemm", "-m", "smollm2-135m", "--m-sizes", "1", "--kernels",
+              gemm.DISPATCHED, "--min-time", "0.01", "--no-ceiling", "--force",
+              "--window", "0.2", "--results", str(results), timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    records = read_records(results, kind=None)
+    assert {"parallel_region", "dot_peak"} <= {r.test for r in records}
+    assert any(r.test.startswith("gemm_m1_") for r in records)
+    for r in records:
+        assert missing_provenance(r.to_dict()) == [], r.test

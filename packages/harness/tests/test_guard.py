@@ -11,7 +11,7 @@ from harness_cli import cli
 
 from edge_harness.isolation.load import LoadGenerator
 from edge_harness.record import read_records
-from edge_infer.api import Guard, GuardRefused
+from edge_infer.api import Guard, GuardRefused, missing_provenance
 
 LOAD_SECONDS = 20  # every load generator here stops by itself after this
 
@@ -137,7 +137,7 @@ def test_force_records_guard_overridden(tmp_path, test_core, edge_home):
     assert res.returncode == 0, res.stderr
     (rec,) = read_records(results)
     assert rec.test == "ceiling" and rec.unit == "GB/s" and rec.cores == [test_core]
-    assert rec.guard == "overridden"
+    assert rec.guard == "overridden" and missing_provenance(rec.to_dict()) == []
     assert rec.guard_foreign_load > 0.5
     assert len(rec.samples) == 2 and all(s > 0 for s in rec.samples)
 

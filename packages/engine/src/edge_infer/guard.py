@@ -23,6 +23,11 @@ A refusal names the processes that used CPU in the window (process CPU times bef
 and the exit code is non-zero. `--force` runs anyway and the records say `guard: overridden`.
 Every record says what the guard saw (`Verdict.fields`: mean, peak, threshold, windows).
 
+A job that is recorded but is not a benchmark (an export, a fidelity or HumanEval run, a greedy
+comparison) runs under `Guard.observe`: the same readings before and during, never retaken or
+refused (a 10-minute export is not thrown away for a one-second blip), and its record says
+`guard: ok` or `guard: contended` beside the wall time it reports.
+
 It lives in the engine so that every timing of every package is judged by one guard: the
 harness's benchmarks, and the engine's own serve smoke.
 """
@@ -32,6 +37,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,8 +147,8 @@ class Verdict:
     remeasured: int = 0  # measurements thrown away for foreign load and taken again (REMEASURE)
 
     def add(self, status: str, reading: Reading) -> Verdict:
-        if status != "ok":
-            self.status = "overridden"
+        if status != "ok":  # "overridden" (a timing under --force) or "contended" (observe)
+            self.status = status
         self.mean = max(self.mean, reading.foreign)
         self.peak = max(self.peak, reading.peak)
         if reading.phase == "during":
@@ -334,6 +341,22 @@ class Guard:
                 result = take(*args, **kwargs)
             if self.keep(watch.reading, what, verdict, say):
                 return result
+
+    @contextmanager
+    def observe(self, what: str, pid: int | None = None) -> Iterator[Verdict]:
+        """Watch a job that is recorded but is not a benchmark (its wall time is in its
+        record): the cores before it, then `pid`'s tree (default: this process) during it. The
+        verdict yielded is complete once the block ends: "ok", or "contended" where foreign
+        load passed the threshold before or during it; never refused, never retaken."""
+        verdict = self.verdict()
+        reading = self.sample_idle()
+        verdict.add("ok" if self.quiet(reading) else "contended", reading)
+        with self.watch(os.getpid() if pid is None else pid) as watch:
+            yield verdict
+        verdict.add("ok" if self.quiet(watch.reading) else "contended", watch.reading)
+        if verdict.status != "ok":
+            print(f"guard: {what} ran beside foreign load ({watch.reading.describe()}); its "
+                  "record says guard: contended", flush=True)
 
     def judge(self, reading: Reading, what: str) -> str:
         if self.quiet(reading):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Hashable, Iterable
 from importlib.metadata import PackageNotFoundError, version
@@ -95,10 +97,62 @@ def context(threads: int | None = None) -> dict:
     }
 
 
+def command_line(argv: list[str] | None = None) -> str:
+    """The command that is running, as a record names it: the program's name (not its path on
+    this machine; `python -m PACKAGE` for a package run as a module) and its arguments, quoted
+    for a shell."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None) if argv is None else None
+    argv = sys.argv if argv is None else argv
+    if spec is not None and spec.name:  # python -m PACKAGE[.MODULE]
+        head = ["python", "-m", spec.name.removesuffix(".__main__")]
+    else:
+        head = [Path(argv[0]).name]
+    return shlex.join([*head, *argv[1:]])
+
+
+# What every published record says of itself, whatever its kind: each entry is a field, or
+# alternatives (a harness Record is flat; engine and export records nest machine and versions).
+PROVENANCE = (
+    ("cpu_model", "machine.cpu_model"),
+    ("cpu_flags", "machine.cpu_flags"),
+    ("engine_version", "versions"),
+    ("git_commit",),
+    ("git_dirty",),
+    ("cores",),
+    ("threads", "machine.threads"),
+    ("guard",),
+    ("guard_threshold",),
+    ("guard_window",),
+    ("guard_mean_load",),
+    ("guard_peak_load",),
+    ("command",),
+)
+
+
+def missing_provenance(record: dict[str, Any]) -> list[str]:
+    """The PROVENANCE fields `record` lacks or leaves empty (None or ""): an empty list when it
+    has them all."""
+    def has(dotted: str) -> bool:
+        value: Any = record
+        for part in dotted.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return False
+            value = value[part]
+        return value is not None and value != ""
+
+    return [alts[0] for alts in PROVENANCE if not any(map(has, alts))]
+
+
 def append(path: Path, record: dict[str, Any]) -> None:
     """Append `record` to the JSONL file `path` as one line (keys sorted), durably: a run
-    killed at any moment leaves every record it finished whole (atomic.append_line)."""
-    append_line(Path(path), (json.dumps(record, sort_keys=True) + "\n").encode())
+    killed at any moment leaves every record it finished whole (atomic.append_line). A record
+    for a published file (docs/results) that lacks a PROVENANCE field is refused: a figure that
+    cannot say where, how and beside what it was measured is not published."""
+    path = Path(path)
+    if is_published(path) and (missing := missing_provenance(record)):
+        raise ValueError(f"a {record.get('kind', 'record')} record for {path} lacks "
+                         f"{', '.join(missing)}: not written")
+    append_line(path, (json.dumps(record, sort_keys=True) + "\n").encode())
 
 
 def read(path: Path, parse: Callable[[dict[str, Any]], T] | None = None,

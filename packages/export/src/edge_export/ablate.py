@@ -121,27 +121,30 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
     # provenance once, before the first row is appended: each append dirties the results file
     # itself, which must not mark the later rows of the same run "-dirty"
     provenance = records.stamp({})
+    guard = records.guard()
     out = []
     for name in names:
         v = VARIANTS[name]
         s = setting(v.sink_prefix)
-        t0 = time.perf_counter()
-        model = _static(copy.deepcopy(hf))
-        smooth = None
-        if v.smooth_alpha is not None:
-            cal = windows(calibration_corpus, calibration, s.length, seed=0)
-            stats = input_absmax(model.layers, lambda w, m=model, p=s.prefix: run_sequence(
-                m, lambda a: m(*a), shape, w, p), cal)
-            smooth_in_place(model.layers, stats, v.smooth_alpha)
-            smooth = {"alpha": v.smooth_alpha, "statistic": "max |x| per input channel",
-                      "corpus": calibration_corpus, "samples": len(cal),
-                      "tokens": len(cal) * s.length}
-        apply_recipe(model, v.recipe)
-        quantize_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        with torch.no_grad():
-            logits = torch.cat([run_sequence(model, lambda a, m=model: m(*a), shape, w, s.prefix)
-                                for w in s.windows], dim=1)
+        with guard.observe(f"8da4w ablation {name}") as verdict:
+            t0 = time.perf_counter()
+            model = _static(copy.deepcopy(hf))
+            smooth = None
+            if v.smooth_alpha is not None:
+                cal = windows(calibration_corpus, calibration, s.length, seed=0)
+                stats = input_absmax(model.layers, lambda w, m=model, p=s.prefix: run_sequence(
+                    m, lambda a: m(*a), shape, w, p), cal)
+                smooth_in_place(model.layers, stats, v.smooth_alpha)
+                smooth = {"alpha": v.smooth_alpha, "statistic": "max |x| per input channel",
+                          "corpus": calibration_corpus, "samples": len(cal),
+                          "tokens": len(cal) * s.length}
+            apply_recipe(model, v.recipe)
+            quantize_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            with torch.no_grad():
+                logits = torch.cat([run_sequence(model, lambda a, m=model: m(*a), shape, w, s.prefix)
+                                    for w in s.windows], dim=1)
+            eval_s = time.perf_counter() - t1
         record = {
             "model": loaded.name,
             "model_source": loaded.source,
@@ -168,11 +171,11 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
             "sqnr_db": sqnr_db(s.ref, logits),
             **logit_agreement(s.ref, logits),
             "export_s": quantize_s,
-            "eval_s": time.perf_counter() - t1,
+            "eval_s": eval_s,
             "artifact": None,
             "size_bytes": None,
         }
-        record.update(provenance, created=utc_now())
+        record.update(provenance, created=utc_now(), **verdict.fields())
         log.info("%s: SQNR %.2f dB, same top %.2f%%, KL %.4f", name, record["sqnr_db"],
                  record["same_top_pct"], record["kl_mean"])
         if record_path is not None:

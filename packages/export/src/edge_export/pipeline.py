@@ -150,6 +150,17 @@ def run(req: Request, client=_CHECK) -> dict:
     if client is _CHECK:
         client = preflight(req.target, unit=req.unit, calibration=req.calibration,
                            eval_sequences=req.eval_sequences, require_sdk=req.require_sdk)
+    with records.guard().observe(f"export {req.model} {req.unit} {req.target}") as verdict:
+        record = _export(req, client)
+    records.stamp(record, verdict)
+    (req.out / "record.json").write_text(json.dumps(records._clean(record), indent=2) + "\n")
+    if req.record:
+        records.append(req.record, record)
+    return record
+
+
+def _export(req: Request, client) -> dict:
+    """The record of one export, before its provenance (run's `stamp`)."""
     target = TARGETS[req.target]
     req.out.mkdir(parents=True, exist_ok=True)
     loaded = load_model(req.model)
@@ -193,10 +204,6 @@ def run(req: Request, client=_CHECK) -> dict:
     goal = SQNR_TARGETS.get((req.target, calibrated))
     if goal is not None and req.unit == "decoder":
         record["target_sqnr_db"] = goal
-    records.stamp(record)
-    (req.out / "record.json").write_text(json.dumps(records._clean(record), indent=2) + "\n")
-    if req.record:
-        records.append(req.record, record)
     return record
 
 

@@ -10,10 +10,11 @@ or from the device), what it cost (size_bytes, export_s), what is needed to go f
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
+from edge_infer.api import Guard, Verdict, command_line, fingerprint, git_state, latest, utc_now, versions
 from edge_infer.api import append as append_jsonl
-from edge_infer.api import fingerprint, git_state, latest, utc_now, versions
 from edge_infer.api import read as read_jsonl
 
 PACKAGES = ("torch", "executorch", "torchao", "qai-hub", "transformers", "edge-infer",
@@ -21,16 +22,29 @@ PACKAGES = ("torch", "executorch", "torchao", "qai-hub", "transformers", "edge-i
 SCHEMA = 1
 
 
-def stamp(record: dict) -> dict:
+def guard() -> Guard:
+    """The contention guard over the cores an export may use. An export or ablation is not a
+    benchmark: it runs under `Guard.observe`, and its record says what ran beside its times."""
+    return Guard(sorted(os.sched_getaffinity(0)))
+
+
+def stamp(record: dict, verdict: Verdict | None = None) -> dict:
     """Add the provenance fields every record carries (the engine's, in export's shape:
-    every package named with None where missing, the commit with "-dirty" appended)."""
+    every package named with None where missing, the commit with "-dirty" appended, and
+    git_dirty beside it), the command, the cores, and what the guard saw (`verdict`)."""
     installed = versions(*PACKAGES)
     commit, dirty = git_state()
+    cores = sorted(os.sched_getaffinity(0))
     record.setdefault("schema", SCHEMA)
     record["versions"] = {name: installed.get(name) for name in PACKAGES}
-    record["machine"] = fingerprint()
+    record["machine"] = {**fingerprint(), "threads": len(cores)}  # torch's default: one per core
     record["git_commit"] = None if commit is None else commit + ("-dirty" if dirty else "")
+    record["git_dirty"] = dirty
+    record["cores"] = cores
+    record["command"] = command_line()
     record["created"] = utc_now()
+    if verdict is not None:
+        record.update(verdict.fields())
     return record
 
 

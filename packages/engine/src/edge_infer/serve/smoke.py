@@ -22,11 +22,12 @@ import urllib.request
 from pathlib import Path
 
 from edge_infer import profiles
+from edge_infer.errors import EdgeInferError
 from edge_infer.guard import DEFAULT_THRESHOLD, Guard
 from edge_infer.models.pull import pull
 from edge_infer.models.registry import DEFAULT_MODEL
 from edge_infer.prompts import GREEDY_PROMPTS, first_divergence
-from edge_infer.results import append, context, require_clean
+from edge_infer.results import append, command_line, context, require_clean
 from edge_infer.serve import process
 from edge_infer.serve.resolve import Resolved, default_build
 from edge_infer.serve.runtime import vllm_env
@@ -51,16 +52,21 @@ def _kernels(model) -> set[str]:
     return {m.w4_kernel.name for m in model.modules() if hasattr(m, "w4_kernel")}
 
 
-def run_greedy(out: Path, max_tokens: int) -> dict:
+def run_greedy(out: Path, max_tokens: int, guard: Guard) -> dict:
     prof = profiles.load(DEFAULT_MODEL)
     os.environ.update(vllm_env(prof))
+    provenance = context(threads=len(guard.cores))
     bf16 = Resolved(pull(DEFAULT_MODEL).hf_dir, DEFAULT_MODEL, prof)
     w4 = Resolved(default_build(DEFAULT_MODEL, prof), f"{DEFAULT_MODEL}-w4a16", prof)
-    ref, _ = greedy_outputs(bf16, max_tokens)
-    got, kernels = greedy_outputs(w4, max_tokens)
+    with guard.observe("greedy W4A16 against bf16") as verdict:  # not a timing: observed
+        ref, _ = greedy_outputs(bf16, max_tokens)
+        got, kernels = greedy_outputs(w4, max_tokens)
     div = [first_divergence(a, b) for a, b in zip(ref, got, strict=True)]
     rec = {
-        **context(),
+        **provenance,
+        **verdict.fields(),
+        "cores": guard.cores,
+        "command": command_line(),
         "kind": "greedy_vs_bf16",
         "model": DEFAULT_MODEL,
         "quant": f"w4a16-g{prof.quant.group_size}",
@@ -108,7 +114,7 @@ def run_cold_start(out: Path, reps: int, tokens: int, mode: str, timeout: float,
     prof = profiles.load(DEFAULT_MODEL)
     default_build(DEFAULT_MODEL, prof)  # built before timing: cold start = process start only
     extra = [] if mode == "eager" else ["--profile", str(_compiled_profile())]
-    provenance = context(threads=len(os.sched_getaffinity(0)))  # the code that runs, now
+    provenance = context(threads=len(guard.cores))  # the code that runs, now
     verdict = guard.verdict()
     firsts, rates = [], []
     for i in range(reps):
@@ -124,6 +130,7 @@ def run_cold_start(out: Path, reps: int, tokens: int, mode: str, timeout: float,
         **provenance,
         **verdict.fields(),
         "cores": guard.cores,
+        "command": command_line(),
         "kind": "serve_cold_start",
         "model": DEFAULT_MODEL,
         "quant": f"w4a16-g{prof.quant.group_size}",
@@ -160,17 +167,22 @@ def main() -> None:
     p.add_argument("--allow-dirty", action="store_true",
                    help="append to docs/results from a tree with uncommitted changes")
     args = p.parse_args()
-    require_clean(args.out, args.allow_dirty)
-    if not args.skip_greedy:
-        rec = run_greedy(args.out, args.greedy_tokens)
-        print(f"greedy W4A16 vs bf16: {rec['exact_matches']}/{rec['prompts']} exact "
-              f"({args.greedy_tokens} tokens), kernels {rec['kernels']}")
-    for mode in args.modes.split(","):
+    try:
+        require_clean(args.out, args.allow_dirty)
         guard = Guard(sorted(os.sched_getaffinity(0)), DEFAULT_THRESHOLD, force=args.force,
                       wait=args.wait)
-        rec = run_cold_start(args.out, args.reps, args.tokens, mode, args.timeout, guard)
-        print(f"cold start ({mode}): median first token {rec['first_token_s']['median']:.1f} s, "
-              f"decode {rec['decode_tok_s']['median']:.2f} tok/s (median of {args.reps})")
+        if not args.skip_greedy:
+            rec = run_greedy(args.out, args.greedy_tokens, guard)
+            print(f"greedy W4A16 vs bf16: {rec['exact_matches']}/{rec['prompts']} exact "
+                  f"({args.greedy_tokens} tokens), kernels {rec['kernels']}")
+        for mode in args.modes.split(","):
+            rec = run_cold_start(args.out, args.reps, args.tokens, mode, args.timeout, guard)
+            print(f"cold start ({mode}): median first token "
+                  f"{rec['first_token_s']['median']:.1f} s, decode "
+                  f"{rec['decode_tok_s']['median']:.2f} tok/s (median of {args.reps})")
+    except EdgeInferError as exc:  # a refusal, a bad flag: one line, the error's exit code
+        print(f"serve smoke: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from edge_infer.guard import Guard
 from edge_infer.models.registry import DEFAULT_MODEL
-from edge_infer.results import append, context, require_clean
+from edge_infer.results import append, command_line, context, require_clean
 from edge_infer.serve import auth, process
 
 BAD_SHARE, CANCEL_SHARE = 0.05, 0.10
@@ -219,25 +220,29 @@ def main() -> int:
                                    env={auth.KEY_ENV: key})
     except process.ServeFailed as exc:
         raise SystemExit(f"soak: {exc}") from None
-    try:
-        model = served_name(base, key)
-        warm = run_load(base, key, model, args.clients, 20, args.seed + 1, 10**6)
-        rss_start = tree_rss_mib(proc.pid)
-        print(f"soak: warm-up {warm.sent} requests; RSS {rss_start:.0f} MiB; "
-              f"{args.clients} clients for {args.minutes:g} min", file=sys.stderr, flush=True)
-        tally = run_load(base, key, model, args.clients, args.minutes * 60, args.seed,
-                         args.max_requests)
-        rss_end = tree_rss_mib(proc.pid)
-        alive = answers(base, key, model)
-    finally:
-        process.stop(proc)
+    # a load test, not a speed figure (latencies under deliberately mixed load): observed by
+    # the guard, never retaken or refused; the record says what ran beside it
+    guard = Guard(sorted(os.sched_getaffinity(0)))
+    with guard.observe("soak") as verdict:
+        try:
+            model = served_name(base, key)
+            warm = run_load(base, key, model, args.clients, 20, args.seed + 1, 10**6)
+            rss_start = tree_rss_mib(proc.pid)
+            print(f"soak: warm-up {warm.sent} requests; RSS {rss_start:.0f} MiB; "
+                  f"{args.clients} clients for {args.minutes:g} min", file=sys.stderr, flush=True)
+            tally = run_load(base, key, model, args.clients, args.minutes * 60, args.seed,
+                             args.max_requests)
+            rss_end = tree_rss_mib(proc.pid)
+            alive = answers(base, key, model)
+        finally:
+            process.stop(proc)
     growth = rss_end / rss_start - 1
     rec = {
         **provenance,
         "kind": "soak", "model": model,
-        "command": "python -m edge_infer.serve.soak " + " ".join(sys.argv[1:]),
-        # a load test, not a speed figure: latencies under deliberately mixed load
-        "guard": "n/a (load test)",
+        "command": command_line(),
+        "cores": guard.cores,
+        **verdict.fields(),
         **summary(tally, args.clients, args.minutes * 60, args.seed),
         "warmup_requests": warm.sent,
         "rss_mib": {"start": round(rss_start, 1), "end": round(rss_end, 1),

@@ -73,7 +73,7 @@ def crosscheck(model_name: str, quant: str, corpus: str, chunks: int, n_ctx: int
     from edge_harness.bench.run import parse_engine, resolve_model
     from edge_harness.fidelity.run import FidelityPlan, FidelityRun
     from edge_harness.runners import get_runner
-    from edge_infer.api import append, context, corpus_text
+    from edge_infer.api import Guard, append, command_line, context, corpus_text
 
     plan = FidelityPlan(models=[model_name], builds=[parse_engine(f"llama.cpp:{quant}")],
                         corpora=[corpus], chunks=chunks, n_ctx=n_ctx, prompts=0, results=None)
@@ -83,7 +83,8 @@ def crosscheck(model_name: str, quant: str, corpus: str, chunks: int, n_ctx: int
     llama_cpp = get_runner("llama.cpp")
     base = llama_cpp.prepare(model, llama_cpp.full_precision)
     test = llama_cpp.prepare(model, quant)
-    with tempfile.TemporaryDirectory(prefix="kld-") as tmp:
+    with (tempfile.TemporaryDirectory(prefix="kld-") as tmp,
+          Guard(run.cores).observe(f"{TOOL} {quant}") as verdict):
         tool = run_tool(Path(base.path), Path(test.path), corpus_text(corpus), chunks, n_ctx,
                         run.cores, Path(tmp))
     rel = {k: abs(ours[k] - tool[k]) / max(abs(tool[k]), 1e-12) for k in ("kl_mean", "same_top_pct")}
@@ -96,6 +97,7 @@ def crosscheck(model_name: str, quant: str, corpus: str, chunks: int, n_ctx: int
     print(f"  {'agree' if ok else 'DISAGREE'} within {tolerance:.1%}")
     if results is not None:
         append(results, {"kind": "crosscheck", **context(threads=len(run.cores)),
+                         **verdict.fields(), "cores": run.cores, "command": command_line(),
                          "model": model_name, "quant": quant, "corpus": corpus, "chunks": chunks,
                          "n_ctx": n_ctx, "ours": {k: ours[k] for k in tool if k in ours},
                          "llama_perplexity": tool, "relative_difference": rel,

