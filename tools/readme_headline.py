@@ -53,7 +53,18 @@ def theirs(run: list[dict]) -> tuple[str, str] | None:
     return next((k for k in THEIRS_BY_PREFERENCE if k in keys), None)
 
 
-def table(run: list[dict], model: str) -> str:
+def ceiling_of(records: list[dict], run: list[dict]) -> str:
+    """Whose streaming ceiling the run's % figures use: its own, or (a run with
+    `--no-ceiling`) the newest earlier ceiling of the same cores, which `bench run` reuses."""
+    ceilings = [r for r in records if r["test"] == "ceiling" and r["cores"] == run[0]["cores"]]
+    if any(c["run_id"] == run[0]["run_id"] for c in ceilings):
+        return "the run's"
+    start = min(r["timestamp"] for r in run)
+    earlier = [c for c in ceilings if c["timestamp"] <= start]
+    return f"run `{earlier[-1]['run_id']}`'s (reused: `--no-ceiling`)" if earlier else "a"
+
+
+def table(run: list[dict], model: str, records: list[dict]) -> str:
     by = {(_key(r), r["test"]): r for r in run}
     ref = theirs(run)
     timed_by = "llama-bench" if ref[0] == "llama-bench" else "our llama.cpp runner"
@@ -79,13 +90,14 @@ def table(run: list[dict], model: str) -> str:
     ]
     if all(tg):
         facts.append(f"- decode streams {tg[0]['achieved_gbs']:.1f} / {tg[1]['achieved_gbs']:.1f} GB/s "
-                     f"of the run's {tg[0]['ceiling_gbs']:.1f} GB/s streaming ceiling")
+                     f"of {ceiling_of(records, run)} {tg[0]['ceiling_gbs']:.1f} GB/s streaming "
+                     "ceiling")
     facts.append(f"- command: `{r['command']}` at commit {r['git_commit'][:7]} (clean tree)")
     return "\n".join(lines + [""] + facts)
 
 
 def render(records: list[dict]) -> str:
-    parts = [table(run, m) for m in MODELS if (run := newest_pair_run(records, m))]
+    parts = [table(run, m, records) for m in MODELS if (run := newest_pair_run(records, m))]
     return "\n\n".join(parts) or "(no paired run recorded yet)"
 
 

@@ -92,7 +92,7 @@ def test_the_greedy_comparison_is_observed_by_the_guard(tmp_path, no_build, monk
     rec = smoke.run_greedy(tmp_path / "engine.jsonl", 3, guard)
     # not a timing: never retaken or refused, but the record says what ran beside it
     assert guard.watched == [os.getpid()] and rec["guard"] == status
-    assert rec["guard_mean_load"] == pytest.approx(foreign)
+    assert rec["guard_mean_load"] == pytest.approx(foreign, abs=0.02)  # idle reads 0.01
     assert rec["exact_matches"] == len(smoke.GREEDY_PROMPTS)
     assert missing_provenance(rec) == []
 
