@@ -266,3 +266,29 @@ def test_a_ratio_is_faster_or_slower_only_when_the_ranges_do_not_overlap():
     assert noise_verdict([8.0, 9.0], [10.0, 12.0]) == "slower"
     # a 1.2x ratio of medians whose ranges overlap is not a claim
     assert noise_verdict([11.0, 12.0, 15.0], [9.0, 10.0, 11.5]) == "within noise"
+
+
+def test_a_ceiling_is_filled_in_only_from_one_measured_before_and_never_into_a_gemm():
+    """A --no-ceiling decode record gets the ceiling its run reused (the newest one before it on
+    the same cores); a GEMM record keeps what its own run gave it, even when that is none."""
+    from edge_harness.report.render import fill_ceiling
+
+    def ceiling(ts, gbs):
+        return rec(engine="numpy", model="-", quant="-", test="ceiling", unit="GB/s",
+                   samples=[gbs - 1, gbs], cores=[0, 1], timestamp=ts)
+
+    def decode(ts, cores=(0, 1)):
+        return rec(test="tg128", cores=list(cores), timestamp=ts, achieved_gbs=10.0)
+
+    gemm = rec(engine="edge-avx512", quant="w4a8", test="gemm_m1_qkv_proj", unit="GFLOP/s",
+               cores=[0, 1], timestamp="2026-01-03T00:00:00Z", achieved_gbs=10.0,
+               extra={"m": 1, "layer": "qkv_proj"})
+    early, late = decode("2026-01-02T00:00:00Z"), decode("2026-01-01T00:00:00Z")
+    other = decode("2026-01-02T00:00:00Z", cores=(2, 3))
+    records = [ceiling("2026-01-01T12:00:00Z", 20.0), ceiling("2026-01-04T00:00:00Z", 40.0),
+               early, late, other, gemm]
+    fill_ceiling(records)
+    assert early.pct_ceiling == pytest.approx(50.0)  # the 20 GB/s measured before it
+    assert early.extra["ceiling_from_report"]
+    assert late.pct_ceiling is None and other.pct_ceiling is None  # none before it / its cores
+    assert gemm.pct_ceiling is None

@@ -31,11 +31,17 @@ def latest(records: list[Record]) -> list[Record]:
 
 
 def fill_ceiling(records: list[Record]) -> None:
-    """Decode results measured with --no-ceiling get the newest ceiling of the same cores."""
-    ceilings = {tuple(r.cores): max(r.samples) for r in records if r.test == "ceiling"}
+    """Decode results of a run without a ceiling (`bench run --no-ceiling`) get the one that
+    run would have reused: the newest ceiling of the same cores measured before them. A GEMM
+    record keeps what its own run gave it: a % only of that run's ceiling, and only at
+    decode-sized M (a prefill-sized call is not bandwidth-bound)."""
+    ceilings = sorted((r for r in records if r.test == "ceiling"), key=lambda r: r.timestamp)
     for r in records:
-        if r.achieved_gbs is not None and r.pct_ceiling is None and tuple(r.cores) in ceilings:
-            r.against_ceiling(ceilings[tuple(r.cores)])
+        if r.achieved_gbs is None or r.pct_ceiling is not None or is_gemm(r):
+            continue
+        before = [c for c in ceilings if c.cores == r.cores and c.timestamp <= r.timestamp]
+        if before:
+            r.against_ceiling(max(before[-1].samples))
             r.extra["ceiling_from_report"] = True
 
 
