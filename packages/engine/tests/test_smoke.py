@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from edge_infer.guard import REMEASURE, Guard, GuardRefused, Sample
-from edge_infer.results import missing_provenance
 from edge_infer.serve import smoke
+from edge_infer.testing import provenance_gaps
 
 
 class ScriptedGuard(Guard):
@@ -61,7 +61,7 @@ def test_a_cold_start_record_carries_the_guard_verdict(tmp_path, no_build):
         assert rec[field] is not None, field
     assert rec["guard"] == "ok" and rec["guard_threshold"] == guard.threshold
     assert rec["cores"] == [0] and rec["first_token_s"]["median"] == 12.5
-    assert missing_provenance(rec) == []
+    assert provenance_gaps(rec) == []
 
 
 def test_a_cold_start_beside_foreign_load_is_retaken_then_refused(tmp_path, no_build):
@@ -94,7 +94,7 @@ def test_the_greedy_comparison_is_observed_by_the_guard(tmp_path, no_build, monk
     assert guard.watched == [os.getpid()] and rec["guard"] == status
     assert rec["guard_mean_load"] == pytest.approx(foreign, abs=0.02)  # idle reads 0.01
     assert rec["exact_matches"] == len(smoke.GREEDY_PROMPTS)
-    assert missing_provenance(rec) == []
+    assert provenance_gaps(rec) == []
 
 
 def test_a_refused_smoke_prints_one_line_and_exits_with_its_code(monkeypatch, capsys, tmp_path):

@@ -3,8 +3,8 @@
 import json
 from types import SimpleNamespace
 
-from edge_infer.results import missing_provenance
 from edge_infer.serve import soak
+from edge_infer.testing import provenance_gaps
 
 
 def test_the_soak_record_carries_its_provenance_and_what_the_guard_saw(monkeypatch, tmp_path):
@@ -23,5 +23,5 @@ def test_the_soak_record_carries_its_provenance_and_what_the_guard_saw(monkeypat
     assert soak.main() == 0
     (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert rec["kind"] == "soak" and rec["answered"] == 10
-    assert missing_provenance(rec) == [] and rec["guard"] in ("ok", "contended")
+    assert provenance_gaps(rec) == [] and rec["guard"] in ("ok", "contended")
     assert rec["command"].endswith(" --minutes 0.1 --out " + str(out))

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edge_infer.models.registry import spark
+from edge_infer.results import missing_provenance
 
 # What the tiny BPE is trained on (50 times over): about 400 tokens come out of it.
 BPE_TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. "
@@ -24,6 +26,14 @@ BPE_TEXT = ("The quick brown fox jumps over the lazy dog. Pack my box with five 
 # Spark-X2.5 made small: 6 layers [s, s, s, f, s, s], hidden 128, vocab 512 and a 64-token
 # window, so a 520-token prompt puts most positions beyond the window.
 SMALL_SPARK = spark(128, 256, 6, 4, 2, head_dim=64, vocab=512, window=64, max_positions=2048)
+
+
+def provenance_gaps(record: dict) -> list[str]:
+    """`missing_provenance(record)`, less the dirty flag where this machine has no git (the
+    engine image ships none): a record written there cannot say whether its tree was clean,
+    and the append would refuse to publish it, which is what the flag is for."""
+    gaps = missing_provenance(record)
+    return gaps if shutil.which("git") else [g for g in gaps if g != "git_dirty"]
 
 
 @contextlib.contextmanager
