@@ -506,3 +506,22 @@ def test_a_run_too_short_for_the_counters_is_judged_with_their_resolution():
     assert not guard.quiet(Reading("during", 10.0, {0: 1.08}, 0.9, 0.18, 0.18, peak_seconds=10.0))
     burst = Reading("during", 10.0, {0: 1.0}, 0.9, 0.05, 0.6, peak_core=0, peak_seconds=0.5)
     assert not guard.quiet(burst)
+
+
+def test_an_observed_job_blamed_on_load_before_it_says_so(test_core, capsys):
+    """A job observed (not refused) after a busy spell: the verdict is contended, and the
+    warning names the reading that was contended (before it), not a quiet one during it."""
+    guard = Guard([test_core], threshold=0.15, window=1.0)
+    observed = guard.observe("a test job")
+    with LoadGenerator([test_core], LOAD_SECONDS) as gen:
+        wait_busy(gen.pids)
+        verdict = observed.__enter__()  # the before-reading is taken under load
+    time.sleep(0.5)  # the job itself then runs after the load generator has stopped
+    observed.__exit__(None, None, None)
+    assert verdict.status == "contended"
+    out = capsys.readouterr().out
+    assert "before it:" in out and f"cpu{test_core}" in out, out
+
+
+def test_the_guard_on_allowed_cores_watches_this_process_affinity():
+    assert Guard.on_allowed_cores(threshold=0.3).cores == sorted(os.sched_getaffinity(0))

@@ -245,6 +245,16 @@ class Guard:
         self.siblings = {c: sorted(siblings(c, topology) - chosen) for c in self.cores}
         self.watched = sorted(chosen.union(*map(set, self.siblings.values())))
 
+    @classmethod
+    def on_allowed_cores(cls, **options) -> Guard:
+        """A guard over the cores this process may run on (its affinity mask): the cores a
+        recorded job that takes no --cores of its own is actually using."""
+        return cls(sorted(os.sched_getaffinity(0)), **options)
+
+    def status_of(self, reading: Reading) -> str:
+        """The verdict on one reading of a watched (never refused) job."""
+        return "ok" if self.quiet(reading) else "contended"
+
     def verdict(self) -> Verdict:
         return Verdict(self.threshold, self.window, self.sub_window)
 
@@ -349,14 +359,17 @@ class Guard:
         verdict yielded is complete once the block ends: "ok", or "contended" where foreign
         load passed the threshold before or during it; never refused, never retaken."""
         verdict = self.verdict()
-        reading = self.sample_idle()
-        verdict.add("ok" if self.quiet(reading) else "contended", reading)
+        readings = [self.sample_idle()]
+        verdict.add(self.status_of(readings[0]), readings[0])
         with self.watch(os.getpid() if pid is None else pid) as watch:
             yield verdict
-        verdict.add("ok" if self.quiet(watch.reading) else "contended", watch.reading)
-        if verdict.status != "ok":
-            print(f"guard: {what} ran beside foreign load ({watch.reading.describe()}); its "
-                  "record says guard: contended", flush=True)
+        readings.append(watch.reading)
+        verdict.add(self.status_of(watch.reading), watch.reading)
+        contended = [r for r in readings if not self.quiet(r)]
+        if contended:
+            said = "; ".join(f"{r.phase} it: {r.describe()}" for r in contended)
+            print(f"guard: {what} ran beside foreign load ({said}); its record says guard: "
+                  "contended", flush=True)
 
     def judge(self, reading: Reading, what: str) -> str:
         if self.quiet(reading):

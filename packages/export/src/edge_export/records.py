@@ -25,7 +25,7 @@ SCHEMA = 1
 def guard() -> Guard:
     """The contention guard over the cores an export may use. An export or ablation is not a
     benchmark: it runs under `Guard.observe`, and its record says what ran beside its times."""
-    return Guard(sorted(os.sched_getaffinity(0)))
+    return Guard.on_allowed_cores()
 
 
 def stamp(record: dict, verdict: Verdict | None = None) -> dict:

@@ -169,8 +169,8 @@ def main() -> None:
     args = p.parse_args()
     try:
         require_clean(args.out, args.allow_dirty)
-        guard = Guard(sorted(os.sched_getaffinity(0)), DEFAULT_THRESHOLD, force=args.force,
-                      wait=args.wait)
+        guard = Guard.on_allowed_cores(threshold=DEFAULT_THRESHOLD, force=args.force,
+                                       wait=args.wait)
         if not args.skip_greedy:
             rec = run_greedy(args.out, args.greedy_tokens, guard)
             print(f"greedy W4A16 vs bf16: {rec['exact_matches']}/{rec['prompts']} exact "

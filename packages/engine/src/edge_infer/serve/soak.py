@@ -222,7 +222,7 @@ def main() -> int:
         raise SystemExit(f"soak: {exc}") from None
     # a load test, not a speed figure (latencies under deliberately mixed load): observed by
     # the guard, never retaken or refused; the record says what ran beside it
-    guard = Guard(sorted(os.sched_getaffinity(0)))
+    guard = Guard.on_allowed_cores()
     with guard.observe("soak") as verdict:
         try:
             model = served_name(base, key)

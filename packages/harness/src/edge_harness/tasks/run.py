@@ -9,7 +9,6 @@ and every problem's outcome and completion, so flips against the base are comput
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -92,7 +91,7 @@ def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> di
     rows = []
     # not a benchmark, but the record gives times: the guard says what ran beside the servers
     # (our children) and the sandboxes
-    guard = Guard(sorted(os.sched_getaffinity(0)))
+    guard = Guard.on_allowed_cores()
     with guard.observe(f"humaneval {model.name} {label(spec)}") as verdict, starter as served:
         started = time.monotonic() - t0
         for i, p in enumerate(probs, 1):
