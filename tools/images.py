@@ -85,6 +85,20 @@ def require_disk(gb: float) -> None:
                      "free some (`docker image prune -a` drops every unused image)")
 
 
+REVISION_LABEL = "org.opencontainers.image.revision"
+
+
+def revision() -> str:
+    """The tree's commit, `-dirty` when tracked files differ from it; "unknown" without git."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True)
+    if head.returncode:
+        return "unknown"
+    status = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                             "--untracked-files=no"], capture_output=True, text=True)
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
 def build(names: list[str]) -> None:
     """`docker build` each image; its build stage is tagged IMAGE-build too."""
     # the images install the pinned CPU torch wheel from ./wheels
@@ -112,7 +126,10 @@ def build(names: list[str]) -> None:
         # The build stage is tagged too, so the prune above keeps its layers as the cache of
         # the next build (untagged, they would be pruned and every build would start cold).
         run(*args, "--target", "build", "-t", f"{image}-build", ".", env=BUILD_ENV)
-        run(*args, "-t", image, ".", env=BUILD_ENV)
+        # the commit it was built from, on the image itself: a record taken from a container
+        # (the compose stack's scale-out timing) names the code that served, and the engine
+        # image has no git to ask
+        run(*args, "--label", f"{REVISION_LABEL}={revision()}", "-t", image, ".", env=BUILD_ENV)
         run("docker", "image", "ls", image)
 
 

@@ -525,3 +525,21 @@ def test_an_observed_job_blamed_on_load_before_it_says_so(test_core, capsys):
 
 def test_the_guard_on_allowed_cores_watches_this_process_affinity():
     assert Guard.on_allowed_cores(threshold=0.3).cores == sorted(os.sched_getaffinity(0))
+
+
+def test_a_watch_of_several_roots_counts_each_tree_as_its_own(test_core):
+    """A job that drives processes outside its own tree (containers) names each root: the load
+    of any of them is the job's own, not foreign."""
+    sleeper = subprocess.Popen(["sleep", "10"])
+    try:
+        guard = Guard([test_core], threshold=0.5, window=0.5)
+        with LoadGenerator([test_core], 3) as gen:
+            wait_busy(gen.pids)
+            with guard.watch([sleeper.pid, gen.pids[0]]) as watch:
+                time.sleep(1.5)
+        r = watch.reading
+        assert r.own > 0.3, r
+        assert r.foreign < r.per_core[test_core] - 0.25, r
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,7 +289,7 @@ class Guard:
                 return self.judge(reading, what), reading
 
     # -- during a measurement ------------------------------------------------------------
-    def watch(self, pid: int) -> Watch:
+    def watch(self, pid: int | Iterable[int]) -> Watch:
         return Watch(self, pid)
 
     def reading_during(self, samples: list[Sample], busy: list[Busy] = ()) -> Reading:
@@ -353,9 +353,10 @@ class Guard:
                 return result
 
     @contextmanager
-    def observe(self, what: str, pid: int | None = None) -> Iterator[Verdict]:
+    def observe(self, what: str, pid: int | Iterable[int] | None = None) -> Iterator[Verdict]:
         """Watch a job that is recorded but is not a benchmark (its wall time is in its
-        record): the cores before it, then `pid`'s tree (default: this process) during it. The
+        record): the cores before it, then the tree of `pid` (or of each pid given: e.g. this
+        process and the containers it drives; default: this process) during it. The
         verdict yielded is complete once the block ends: "ok", or "contended" where foreign
         load passed the threshold before or during it; never refused, never retaken."""
         verdict = self.verdict()
@@ -396,18 +397,19 @@ class Guard:
 
 class Watch:
     """Context manager around one measurement of the pinned child `pid` (and its children,
-    also those started during the measurement)."""
+    also those started during the measurement); of each of several such roots where `pid` is
+    a list (their trees' CPU time is all the measured job's own)."""
 
-    def __init__(self, guard: Guard, pid: int):
+    def __init__(self, guard: Guard, pid: int | Iterable[int]):
         self.guard = guard
-        self.pid = pid
+        self.pids = [pid] if isinstance(pid, int) else list(pid)
         self.reading: Reading | None = None
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._tree: set[int] = set()
 
     def _now(self) -> Sample:
-        tree = _tree(self.pid)
+        tree = set().union(*map(_tree, self.pids))
         self._tree |= tree
         return self.guard.sample(_tree_cpu(tree))
 
