@@ -303,15 +303,14 @@ def container_pids(stack: Stack, services: tuple[str, ...]) -> list[int]:
 def measure(args: argparse.Namespace) -> int:
     # lazily: the kill check needs only podman; a published timing needs the engine's
     # provenance, its contention guard and its record writer (nox -s deploy-compose has them)
-    from edge_infer.api import Guard, UsageError, append, context, require_clean
+    from edge_infer.api import Guard, UsageError, append, context, git_state, require_clean
 
     try:
         require_clean(args.record, args.allow_dirty)
     except UsageError as exc:
         raise SystemExit(f"compose-check: {exc}") from None
     facts = image_facts()
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    commit, _ = git_state(ROOT)
     if facts["image_revision"] != commit and not args.allow_dirty:
         raise SystemExit(f"compose-check: {ENGINE_IMAGE} was built from "
                          f"{facts['image_revision']}, the tree is at {commit or 'no commit'}: "

@@ -9,10 +9,12 @@ the committed block differs from what the records give.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from generated_block import ROOT, rewrite
+
+from edge_harness.report.render import noise_verdict
+from edge_infer.api import read
 
 PAGE = ROOT / "docs" / "scale-out.md"
 RECORDS = ROOT / "docs" / "results" / "scale.jsonl"
@@ -23,8 +25,7 @@ COMMAND = "nox -s deploy-compose -- --measure --record docs/results/scale.jsonl"
 def records() -> list[dict]:
     if not RECORDS.is_file():
         return []
-    rows = [json.loads(line) for line in RECORDS.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r.get("kind") == "scale_out"]
+    return [r for r in read(RECORDS) if r.get("kind") == "scale_out"]
 
 
 def block(recs: list[dict]) -> str:
@@ -65,19 +66,16 @@ def block(recs: list[dict]) -> str:
 
 
 def compare(rows: list[dict]) -> list[str]:
-    """Replicas against threads on one machine: the ratio of medians, called faster or slower
-    only where the rounds' ranges do not overlap."""
+    """Replicas against threads on one machine: the ratio of medians, called more or less
+    throughput only where the rounds' ranges do not overlap (the report's noise_verdict)."""
     by = {r["layout"]: r for r in rows}
     if not {"replicas", "threads"} <= by.keys():
         return []
     a, b = by["replicas"], by["threads"]
     ratio = a["tok_s_median"] / b["tok_s_median"]
-    if min(a["tok_s"]) > max(b["tok_s"]):
-        word = "more throughput"
-    elif max(a["tok_s"]) < min(b["tok_s"]):
-        word = "less throughput"
-    else:
-        word = "within noise (the rounds' ranges overlap)"
+    word = {"faster": "more throughput", "slower": "less throughput",
+            "within noise": "within noise (the rounds' ranges overlap)"}[
+        noise_verdict(a["tok_s"], b["tok_s"])]
     return [f"Two replicas of one core give **{ratio:.2f}x** the tokens per second of one replica "
             f"of two cores: {word}."]
 

@@ -360,13 +360,17 @@ class Guard:
         verdict yielded is complete once the block ends: "ok", or "contended" where foreign
         load passed the threshold before or during it; never refused, never retaken."""
         verdict = self.verdict()
-        readings = [self.sample_idle()]
-        verdict.add(self.status_of(readings[0]), readings[0])
+        contended = []
+
+        def add(reading: Reading) -> None:
+            verdict.add(status := self.status_of(reading), reading)
+            if status != "ok":
+                contended.append(reading)
+
+        add(self.sample_idle())
         with self.watch(os.getpid() if pid is None else pid) as watch:
             yield verdict
-        readings.append(watch.reading)
-        verdict.add(self.status_of(watch.reading), watch.reading)
-        contended = [r for r in readings if not self.quiet(r)]
+        add(watch.reading)
         if contended:
             said = "; ".join(f"{r.phase} it: {r.describe()}" for r in contended)
             print(f"guard: {what} ran beside foreign load ({said}); its record says guard: "
