@@ -302,20 +302,30 @@ def test_tinygemm_and_vllm_refuse_w4a8(monkeypatch):
         w4a16.select(64, 128, 32, scheme="w4a4")
 
 
-def test_activation_rounding_matches_the_int8_kernel():
-    """The torch reference of w4a8's activation rounding and the C++ one are bit-identical."""
+@pytest.mark.parametrize("m,k,group", [(3, 256, 64), (96, 1024, 128)], ids=["decode", "prefill"])
+def test_activation_rounding_matches_the_int8_kernel(m, k, group):
+    """The torch reference of w4a8's activation rounding and the C++ one are bit-identical: a
+    few tokens (one thread) and a prefill's worth (tokens split over the threads), with values
+    exactly halfway between two codes (round half to even) and an all-zero group."""
     if not w4a16.ext.available():
         pytest.skip("C++ kernels could not be built here")
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(3, 256, generator=gen) * torch.logspace(-3, 3, 256)
-    x[0, :64] = 0.0
-    xq, sx, xsum = w4a16.ext.load().quantize_act(x, 64)
-    assert xq.dtype == torch.int8 and int(xq.abs().max()) <= 127 and int(xq[0, :64].abs().sum()) == 0
-    # one scale per (token, group of 64), repeated for each block of 32 it covers
-    assert torch.equal(sx[:, 0::2], sx[:, 1::2])
-    back = (xq.float().view(3, 8, 32) * sx[..., None]).view(3, 256)
-    assert torch.equal(back, w4a16.quantize_activations(x, 64))
-    torch.testing.assert_close(xsum, back.view(3, 4, 64).sum(-1), rtol=1e-5, atol=1e-5)
+    x = torch.randn(m, k, generator=gen) * torch.logspace(-3, 3, k)
+    x[0, :group] = 0.0
+    x[1, :group] = torch.arange(group) - 63.5  # amax 63.5: x / scale = 2 (k - 63.5), halves at k=63,64
+    x[1, 1] = 0.25 * 63.5 / 127  # 0.5 after the division: rounds to 0
+    groups = k // group
+    xq, sx, xsum = w4a16.ext.load().quantize_act(x, group)
+    assert xq.dtype == torch.int8 and int(xq.abs().max()) <= 127 and int(xq[0, :group].abs().sum()) == 0
+    assert int(xq[1, 1]) == 0
+    # one scale per (token, group), repeated for each block of 32 it covers
+    per = group // 32
+    assert torch.equal(sx.view(m, groups, per), sx.view(m, groups, per)[..., :1].expand(m, groups, per))
+    back = (xq.float().view(m, k // 32, 32) * sx[..., None]).view(m, k)
+    assert torch.equal(back, w4a16.quantize_activations(x, group))
+    # xsum = sx_g * (sum of the group's codes), one fp32 rounding (exact in float64, then rounded)
+    total = xq.view(m, groups, group).to(torch.int64).sum(-1)
+    assert torch.equal(xsum, (sx.view(m, groups, per)[..., 0].double() * total.double()).float())
 
 
 def test_layouts_put_each_code_where_the_kernels_read_it():

@@ -327,26 +327,38 @@ __attribute__((target("avx2,fma"))) inline __m256i blocks32_codes(const uint8_t*
   return _mm256_and_si256(t, _mm256_set1_epi8(0x0F));
 }
 
-// R rows against T tokens at once (R x T <= 4 accumulator pairs): each activation block and
-// its scale is loaded once for the R rows, and each block of codes is unpacked once for the T
-// tokens. Token t's int8 activations are xs bytes apart, its block scales bs floats apart, its
-// group sums gs floats apart, its outputs ys floats apart.
+// Blocks of a group whose int16 `vpmaddubsw` sums may be added before widening: a pair of
+// products is at most 15 * 127 * 2 = 3810 in magnitude, so 8 blocks stay under 2^15. The
+// activations' scale is one per (token, group), so a chunk of blocks needs one fold to fp32.
+inline int64_t w4a8_chunk(int64_t per_group) {
+  for (int64_t c = 8; c > 1; --c)
+    if (per_group % c == 0) return c;
+  return 1;
+}
+
+// R rows against T tokens at once (R x T <= 4 accumulator pairs): each activation block is
+// loaded once for the R rows, and each block of codes is unpacked once for the T tokens. Per
+// block and (row, token) one `vpmaddubsw` and one int16 add; per chunk of up to 8 blocks of a
+// group (w4a8_chunk) one `vpmaddwd` to int32, a convert and an FMA by s_g sx_g. (Folding every
+// block to fp32, as this loop once did, cost three more instructions per block, token and row.)
+// Token t's int8 activations are xs bytes apart, its block scales bs floats apart, its group
+// sums gs floats apart, its outputs ys floats apart.
 template <int R, int T>
 __attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t row, const int8_t* xq,
                                                        int64_t xs, const float* sx, int64_t bs,
                                                        const float* xsum, int64_t gs, float* y,
                                                        int64_t ys) {
-  const int64_t per_group = w.group / kBlock, row_bytes = w.k / 2;
+  const int64_t per_group = w.group / kBlock, row_bytes = w.k / 2, blocks = w.k / kBlock;
+  const int64_t chunk = w4a8_chunk(per_group);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < w.groups; ++g) {
-    __m256 ag[R][T];
+  for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
+    __m256i h[R][T];
     for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) ag[r][t] = _mm256_setzero_ps();
-    for (int64_t bb = 0; bb < per_group; ++bb) {
-      const int64_t b = g * per_group + bb;
+      for (int t = 0; t < T; ++t) h[r][t] = _mm256_setzero_si256();
+    for (int64_t b = b0; b < b0 + chunk; ++b) {
       __m256i codes[R];
       for (int r = 0; r < R; ++r) {
         const uint8_t* p = w.q + (row + r) * row_bytes + b * 16;
@@ -355,16 +367,16 @@ __attribute__((target("avx2,fma"))) void dot_w4a8_avx2(const Weights& w, int64_t
       }
       for (int t = 0; t < T; ++t) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + t * xs + b * kBlock));
-        const __m256 sxv = _mm256_set1_ps(sx[t * bs + b]);
-        for (int r = 0; r < R; ++r) {
-          const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(codes[r], xv), ones);
-          ag[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sxv, ag[r][t]);
-        }
+        for (int r = 0; r < R; ++r) h[r][t] = _mm256_add_epi16(h[r][t], _mm256_maddubs_epi16(codes[r], xv));
       }
     }
+    const int64_t g = b0 / per_group;
     for (int r = 0; r < R; ++r) {
-      const __m256 sg = _mm256_set1_ps(w.s[(row + r) * w.groups + g]);
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_fmadd_ps(ag[r][t], sg, acc[r][t]);
+      const float sg = w.s[(row + r) * w.groups + g];
+      for (int t = 0; t < T; ++t) {
+        const __m256 d = _mm256_cvtepi32_ps(_mm256_madd_epi16(h[r][t], ones));
+        acc[r][t] = _mm256_fmadd_ps(d, _mm256_set1_ps(sg * sx[t * bs + b0]), acc[r][t]);
+      }
     }
   }
   for (int r = 0; r < R; ++r) {
@@ -1205,10 +1217,9 @@ torch::Tensor as_float(const torch::Tensor& x);
 // x fp32 [M, K] -> xq int8 [M, K], sx [M, K/32] (each group's scale repeated for its blocks of
 // 32, as the blocks32 loops read it), xsum [M, K/group] (sx times the sum of the group's xq),
 // into the caller's buffers.
-void quantize_act_into(const float* xp, int64_t m, int64_t k, int64_t group, int8_t* qp, float* sp,
-                       float* xs) {
+void quantize_rows_portable(const float* xp, int64_t m, int64_t k, int64_t group, int8_t* qp, float* sp,
+                            float* xs) {
   const int64_t groups = k / group, per_group = group / kBlock;
-  // one thread: 1 k activations per token quantize in ~1 us, less than waking a second one
   for (int64_t gg = 0; gg < m * groups; ++gg) {
     const float* xg = xp + gg * group;
     float amax = 0.f;
@@ -1225,6 +1236,72 @@ void quantize_act_into(const float* xp, int64_t m, int64_t k, int64_t group, int
     std::fill(sp + gg * per_group, sp + (gg + 1) * per_group, scale);
     xs[gg] = scale * static_cast<float>(total);
   }
+}
+
+#if defined(__x86_64__)
+// The same, 32 activations at a time: the same division and round half to even, so the same
+// codes bit for bit (test_kernels compares them with the torch reference). At pp512 the scalar
+// loop's division was ~10% of a qkv call's time, single-threaded.
+__attribute__((target("avx2,fma"))) void quantize_rows_avx2(const float* xp, int64_t m, int64_t k, int64_t group,
+                                                            int8_t* qp, float* sp, float* xs) {
+  const int64_t groups = k / group, per_group = group / kBlock;
+  const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undo the packs' lane split
+  for (int64_t gg = 0; gg < m * groups; ++gg) {
+    const float* xg = xp + gg * group;
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t i = 0; i < group; i += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(xg + i), absmask));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float scale = _mm_cvtss_f32(m4) / 127.f;
+    std::fill(sp + gg * per_group, sp + (gg + 1) * per_group, scale);
+    int8_t* o = qp + gg * group;
+    if (!(scale > 0.f)) {
+      std::memset(o, 0, group);
+      xs[gg] = 0.f;
+      continue;
+    }
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t i = 0; i < group; i += 32) {
+      __m256i c[4];
+      for (int j = 0; j < 4; ++j) {
+        const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(xg + i + 8 * j), sv),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        c[j] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(r), lo), hi);
+        total = _mm256_add_epi32(total, c[j]);
+      }
+      const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4E));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xB1));
+    xs[gg] = scale * static_cast<float>(_mm_cvtsi128_si32(t4));
+  }
+}
+#endif
+
+// Tokens split over the threads when there are enough of them (prefill); one thread for a
+// few (decode: 1 k activations per token quantize in ~1 us, less than waking a second one).
+void quantize_act_into(const float* xp, int64_t m, int64_t k, int64_t group, int8_t* qp, float* sp,
+                       float* xs) {
+  static const bool avx2 = cpu_has("avx2") && cpu_has("fma");
+  const int64_t groups = k / group, blocks = k / kBlock;
+  auto rows = [&](int64_t t0, int64_t t1) {
+    const float* x = xp + t0 * k;
+    int8_t* q = qp + t0 * k;
+    float* s = sp + t0 * blocks;
+    float* g = xs + t0 * groups;
+#if defined(__x86_64__)
+    if (avx2) return quantize_rows_avx2(x, t1 - t0, k, group, q, s, g);
+#endif
+    quantize_rows_portable(x, t1 - t0, k, group, q, s, g);
+  };
+  if (m * k < (int64_t{1} << 15)) return rows(0, m);
+  at::parallel_for(0, m, std::max<int64_t>(1, (int64_t{1} << 14) / k), rows);
 }
 
 // Dynamic int8 activations, one scale per (token, group): see quantize_act_into.
@@ -1344,28 +1421,30 @@ void rows_w4a16(const Weights& w, const float* xp, int64_t m, float* yp, int64_t
 }
 
 #if defined(__x86_64__)
-// R rows against the M tokens, T at a time (the AVX2 W4A8 loop's tiling).
-template <int R>
-__attribute__((target("avx2,fma"))) void w4a8_rows_tokens(const Weights& w, int64_t row, const int8_t* xq,
-                                                          const float* sx, const float* xsum, int64_t m,
-                                                          float* yp) {
+// One row against tokens [t0, t1), 4 at a time, then a pair, then one (the AVX2 W4A8 loop's
+// tiling past M=1).
+__attribute__((target("avx2,fma"))) void w4a8_row_tokens(const Weights& w, int64_t row, const int8_t* xq,
+                                                         const float* sx, const float* xsum, int64_t t0,
+                                                         int64_t t1, float* yp) {
   const int64_t blocks = w.k / kBlock;
-  int64_t t = 0;
-  auto at = [&](auto tag, int64_t t0) {
+  auto at = [&](auto tag, int64_t t) {
     constexpr int TT = decltype(tag)::value;
-    dot_w4a8_avx2<R, TT>(w, row, xq + t0 * w.k, w.k, sx + t0 * blocks, blocks, xsum + t0 * w.groups,
-                         w.groups, yp + t0 * w.n + row, w.n);
+    dot_w4a8_avx2<1, TT>(w, row, xq + t * w.k, w.k, sx + t * blocks, blocks, xsum + t * w.groups,
+                         w.groups, yp + t * w.n + row, w.n);
   };
-  // 4 / R tokens at a time, then pairs, then one
-  for (; t + 4 / R <= m; t += 4 / R) at(std::integral_constant<int, 4 / R>{}, t);
-  for (; t + 2 <= m; t += 2) at(std::integral_constant<int, 2>{}, t);
-  for (; t < m; ++t) at(std::integral_constant<int, 1>{}, t);
+  int64_t t = t0;
+  for (; t + 4 <= t1; t += 4) at(std::integral_constant<int, 4>{}, t);
+  for (; t + 2 <= t1; t += 2) at(std::integral_constant<int, 2>{}, t);
+  for (; t < t1; ++t) at(std::integral_constant<int, 1>{}, t);
 }
 #endif
 
 // W4A8 (blocks32 codes): the activations quantized once per call, then y [M, N] in one parallel
-// region over tasks of 4 rows. One token: 4 rows share each activation block; more tokens: one
-// row meets them 4 at a time, so each block of codes is unpacked once per 4 tokens.
+// region. One token: tasks of 4 rows that share each activation block. More: blocks of rows
+// whose codes fit in ~8 KiB of L1, each met by the tokens 4 at a time, so each block of codes
+// is unpacked once per 4 tokens and a quad's activations are read from L1 by the whole block
+// (a row at a time over all M tokens re-read every token's activations from L2 per row: at
+// M=512, 512 KiB per row).
 void rows_w4a8(const Weights& w, const float* xp, int64_t m, float* yp, int64_t isa) {
   thread_local std::vector<int8_t> xq_buf;
   thread_local std::vector<float> sx_buf, xsum_buf;
@@ -1374,6 +1453,20 @@ void rows_w4a8(const Weights& w, const float* xp, int64_t m, float* yp, int64_t 
   float* sx = scratch(sx_buf, m * blocks);
   float* xsum = scratch(xsum_buf, m * w.groups);
   quantize_act_into(xp, m, w.k, w.group, xq, sx, xsum);
+#if defined(__x86_64__)
+  if (isa >= kAvx2 && m > 1) {
+    const int64_t rb = std::max<int64_t>(1, int64_t{8192} / (w.k / 2));
+    const int64_t nblk = (w.n + rb - 1) / rb;
+    at::parallel_for(0, nblk, 1, [&](int64_t a, int64_t b) {
+      for (int64_t blk = a; blk < b; ++blk) {
+        const int64_t r0 = blk * rb, r1 = std::min(w.n, r0 + rb);
+        for (int64_t t = 0; t < m; t += 4)
+          for (int64_t r = r0; r < r1; ++r) w4a8_row_tokens(w, r, xq, sx, xsum, t, std::min(m, t + 4), yp);
+      }
+    });
+    return;
+  }
+#endif
   constexpr int64_t R = 4;
   const int64_t tasks = (w.n + R - 1) / R;
   at::parallel_for(0, tasks, std::max<int64_t>(1, grain_for(w.k) / R), [&](int64_t a, int64_t b) {
@@ -1381,27 +1474,22 @@ void rows_w4a8(const Weights& w, const float* xp, int64_t m, float* yp, int64_t 
       const int64_t row = task * R;
       const int64_t rows = std::min(R, w.n - row);
 #if defined(__x86_64__)
-      // 512-bit loop for one token only: for more, the AVX2 loop that unpacks each block once
-      // for 4 tokens measured faster (qkv 4096x1024, M=8: 0.43 against 0.58 ms)
-      if (isa >= kAvx512 && m == 1 && rows == R && w.k % 64 == 0) {
-        for (int64_t t = 0; t < m; ++t) {
-          const int8_t* xt = xq + t * w.k;
-          const float* st = sx + t * blocks;
-          const float* gt = xsum + t * w.groups;
-          float* yt = yp + t * w.n + row;
-          if (isa == kAvx512Vnni) {
-            dot_w4a8_avx512_vnni<R>(w, row, xt, st, gt, yt);
-          } else {
-            dot_w4a8_avx512<R>(w, row, xt, st, gt, yt);
-          }
+      // 512-bit loop for one token: for more, the AVX2 loop above measured faster (qkv
+      // 4096x1024, M=8: 0.43 against 0.58 ms)
+      if (isa >= kAvx512 && rows == R && w.k % 64 == 0) {
+        if (isa == kAvx512Vnni) {
+          dot_w4a8_avx512_vnni<R>(w, row, xq, sx, xsum, yp + row);
+        } else {
+          dot_w4a8_avx512<R>(w, row, xq, sx, xsum, yp + row);
         }
         continue;
       }
       if (isa >= kAvx2) {
-        if (m == 1 && rows == R) {
+        if (rows == R) {
           dot_w4a8_avx2<R, 1>(w, row, xq, w.k, sx, blocks, xsum, w.groups, yp + row, w.n);
         } else {
-          for (int64_t r = 0; r < rows; ++r) w4a8_rows_tokens<1>(w, row + r, xq, sx, xsum, m, yp);
+          for (int64_t r = row; r < row + rows; ++r)
+            dot_w4a8_avx2<1, 1>(w, r, xq, w.k, sx, blocks, xsum, w.groups, yp + r, w.n);
         }
         continue;
       }
