@@ -87,14 +87,17 @@ def test_torch_and_ours_on_smollm2(tmp_path, smollm2, edge_home):
 
 
 @pytest.mark.parametrize(("fused", "op", "per_token"), [
-    ("", "edge_w4::decode_layer", 30),  # the fused decode path: one op per layer
+    # the fused decode path: one op per layer. Its ops take bf16, and "auto" runs fp32 on a
+    # CPU without bf16 arithmetic (AVX2), where the path is off: bf16 is asked for, so the
+    # case runs the fused path on every CPU
+    ("@act_dtype=bfloat16", "edge_w4::decode_layer", 30),
     ("@fused=0", "edge_w4::linear", 30 * 4),  # qkv, o, gate_up, down in each of 30 layers
 ], ids=["fused", "unfused"])
 def test_profile_splits_a_decode_step_of_ours(tmp_path, smollm2, edge_home, fused, op, per_token):
     """`bench profile`: our kernels show up by name, once per layer (fused) or per quantized
     linear (unfused) every decode step (+ the warm-up outside the profile)."""
     results = tmp_path / "profile.jsonl"
-    batch = 2 if fused == "" else 1  # the fused path also decodes a batch of sequences per step
+    batch = 2 if op.endswith("decode_layer") else 1  # the fused path also decodes a batch per step
     # --force, as the other CLI tests here: the guard judges a shared test machine (the
     # previous case's processes may still be winding down); the profile is what is tested
     res = cli("bench", "profile", "-m", "smollm2-135m", "-e", f"ours:w4a8{fused}", "-n", "4",
@@ -108,8 +111,9 @@ def test_profile_splits_a_decode_step_of_ours(tmp_path, smollm2, edge_home, fuse
     ours = {o["op"]: o for o in rec["ops"] if o["op"].startswith("edge_w4::")}
     assert ours[op]["calls"] >= per_token * rec["tokens"], sorted(ours)
     assert "our 4-bit kernels" in res.stdout
-    if fused:
+    if not op.endswith("decode_layer"):
         return
+    assert rec["fused_decode"] == "on"
     assert "### smollm2-135m, ours:w4a8" in res.stdout
     bad = cli("bench", "profile", "-m", "smollm2-135m", "-e", "llama.cpp:q4_0", "--no-results")
     assert bad.returncode != 0 and "llama.cpp has no op profiler" in bad.stderr
