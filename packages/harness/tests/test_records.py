@@ -188,6 +188,25 @@ def test_a_run_with_llama_bench_pairs_ours_with_llama_bench_not_our_runner():
     assert list(rows) == ["ours w4a16 / llama-bench q4_k_m"]
     assert rows["ours w4a16 / llama-bench q4_k_m"][3:6] == ["30.00", "60.00", "**0.50x** slower"]
 
+def test_a_build_variant_is_its_own_measurement_and_never_pairs_as_the_build():
+    """`ours:w4a8-head@act_dtype=bfloat16` in the same run as `ours:w4a8-head`: the newest-record
+    pick keeps both, labels the variant with its options, and the ratio of w4a8-head is the
+    plain build's, whichever of the two was written last."""
+    from edge_harness.report.render import latest, ratio_rows
+
+    def rec(engine, quant, tok_s, **options):
+        return Record(engine=engine, engine_version="v", model="m", quant=quant, test="tg128",
+                      samples=[tok_s], threads=2, run_id="r1", extra={"options": options})
+
+    run = [rec("llama-bench", "q4_k_m", 40.0), rec("ours", "w4a8-head", 20.0),
+           rec("ours", "w4a8-head", 30.0, act_dtype="bfloat16")]
+    shown = latest(run)
+    assert sorted(r.build for r in shown if r.engine == "ours") == [
+        "w4a8-head", "w4a8-head@act_dtype=bfloat16"]
+    rows = {r[2]: r for r in ratio_rows(shown, run)}
+    assert rows["ours w4a8-head / llama-bench q4_k_m"][3:6] == ["20.00", "40.00", "**0.50x** slower"]
+
+
 # -- llama-bench's output schema ----------------------------------------------------------------
 # The JSON example of llama.cpp's tools/llama-bench/README.md (build 5163, pp512 and tg128).
 LLAMA_BENCH_JSON = Path(__file__).parent / "data" / "llama_bench_b5163.json"

@@ -85,9 +85,16 @@ class Record:
         self.pct_ceiling = round(100 * self.achieved_gbs / self.ceiling_gbs, 2)
 
     @property
+    def build(self) -> str:
+        """The quant with the build's options, as `-e` spells them (`w4a8-head@act_dtype=bfloat16`):
+        a variant of a build is another measurement, never the build itself."""
+        options = self.extra.get("options") or {}
+        return self.quant + "".join(f"@{k}={v}" for k, v in sorted(options.items()))
+
+    @property
     def key(self) -> tuple:
         """What a newer record of the same measurement replaces in a report."""
-        return (self.model, self.engine, self.quant, self.test, self.threads)
+        return (self.model, self.engine, self.build, self.test, self.threads)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

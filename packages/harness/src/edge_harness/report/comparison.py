@@ -76,10 +76,10 @@ def speed_section(results: Path) -> str:
              "Decode against the streaming-read ceiling (achieved GB/s = bytes of weights read per "
              "token x tok/s):", ""]
     tg = sorted((r for r in speed if r.test.startswith("tg") and r.achieved_gbs is not None),
-                key=lambda r: (r.model, r.engine, r.quant))
+                key=lambda r: (r.model, r.engine, r.build))
     lines.append(md_table(
         ["model", "engine", "quant", "bits/weight", "tok/s (median)", "GB/s", "% of ceiling"],
-        [[r.model, r.engine, r.quant, f"{r.bits_per_weight:.2f}" if r.bits_per_weight else "",
+        [[r.model, r.engine, r.build, f"{r.bits_per_weight:.2f}" if r.bits_per_weight else "",
           f"{r.median:.2f}", f"{r.achieved_gbs:.2f}",
           f"{r.pct_ceiling:.1f}" if r.pct_ceiling is not None else ""] for r in tg]))
     return "\n".join(lines) + "\n"

@@ -40,7 +40,7 @@ def md_row(r: Record) -> list[str]:
         speed = f"{r.mean:.2f} ± {r.sd:.2f}"
     else:
         speed = f"{r.mean:.2f} ± {r.sd:.2f} {r.unit}"
-    return [r.model, str(r.threads), r.test, speed, r.engine, r.quant, _num(r.bits_per_weight),
+    return [r.model, str(r.threads), r.test, speed, r.engine, r.build, _num(r.bits_per_weight),
             _num(r.median), _num(r.achieved_gbs), _num(r.pct_ceiling, 1), r.guard]
 
 

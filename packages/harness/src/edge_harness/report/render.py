@@ -63,8 +63,10 @@ def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[
     """Ours / llama.cpp per model, pair and test. A ratio is formed only within one run (same
     run_id: interleaved, same machine state): the newest ours record against the llama.cpp
     record of that same run, looked up in `pool` (all records; default `records`)."""
-    newest = {(r.model, r.engine, r.quant, r.test, r.threads): r for r in records if is_speed(r)}
-    by_run = {(r.run_id, r.model, r.engine, r.quant, r.test, r.threads): r
+    # keyed by build (quant and options): a variant (`@act_dtype=...`) never stands in for
+    # the build PAIRS names
+    newest = {(r.model, r.engine, r.build, r.test, r.threads): r for r in records if is_speed(r)}
+    by_run = {(r.run_id, r.model, r.engine, r.build, r.test, r.threads): r
               for r in (pool or records) if is_speed(r)}
 
     def pair(model, ours_q, llama_q, test, t):
@@ -281,8 +283,8 @@ def plot(records: list[Record], out: Path) -> list[Path]:
 
 def _bars(plt, rs: list[Record], value, err, ylabel: str, title: str, path: Path) -> Path:
     models = sorted({r.model for r in rs})
-    builds = sorted({(r.engine, r.quant, r.threads) for r in rs})
-    by = {(r.model, r.engine, r.quant, r.threads): r for r in rs}
+    builds = sorted({(r.engine, r.build, r.threads) for r in rs})
+    by = {(r.model, r.engine, r.build, r.threads): r for r in rs}
     fig, axes = plt.subplots(1, len(models), figsize=(max(6, 4 * len(models)), 4.5),
                              squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
