@@ -14,6 +14,11 @@ client take the server's own count from either kind of chunk; timings are untouc
 request's count is then checked against the length it asked for (EOS is ignored, so a
 complete answer has exactly that many tokens): `short_requests` says how many fell short.
 
+And one for framing: vLLM's client strips each network chunk before it parses the stream, so a
+chunk that ends at an event's "data: " loses the space, the event reads "data:{...}" and the
+request fails with a JSONDecodeError (llama-server at concurrency 8 split one so). The handler
+gives the space back when the buffer holds nothing but that cut "data:".
+
 And one for connections: vLLM's client keeps idle connections for 60 s, while llama-server's
 HTTP library closes one after 5 s idle or 5 requests. A request sent on a connection the
 server had just closed failed with "Server disconnected" and counted as an error of the
@@ -53,6 +58,8 @@ def read_usage_beside_choices() -> None:
 
     class Handler(erf.StreamedResponseHandler):
         def add_chunk(self, chunk_bytes: bytes) -> list[str]:
+            if self.buffer == "data:":  # the last chunk ended at "data: ", stripped by the caller
+                chunk_bytes = b" " + chunk_bytes
             messages = super().add_chunk(chunk_bytes)
             seen = _USAGE.get(None)
             for m in messages:
