@@ -3,6 +3,7 @@ interval, paired flips, the page. No model: the canonical solutions stand in for
 
 import json
 import math
+import time
 
 import pytest
 
@@ -139,11 +140,13 @@ def test_eval_command_is_declared_and_its_help_is_light():
 class _FakeOpenAI:
     """A /v1/models + /v1/completions server answering each HumanEval prompt with `answer(p)`."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, delay: float = 0.0):
         import http.server
         import threading
 
         by_prompt = {p.prompt: p for p in humaneval.problems()}
+        lock, fake = threading.Lock(), self
+        self.in_flight = self.peak = 0
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _send(self, obj):
@@ -159,6 +162,12 @@ class _FakeOpenAI:
 
             def do_POST(self):
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    fake.in_flight += 1
+                    fake.peak = max(fake.peak, fake.in_flight)
+                time.sleep(delay)
+                with lock:
+                    fake.in_flight -= 1
                 text = answer(by_prompt[req["prompt"]])
                 self._send({"choices": [{"text": text, "finish_reason": "stop"}],
                             "usage": {"completion_tokens": len(text.split())}})
@@ -171,25 +180,31 @@ class _FakeOpenAI:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
-def test_run_scores_attached_servers_and_pairs_flips(tmp_path, edge_home, monkeypatch):
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_run_scores_attached_servers_and_pairs_flips(tmp_path, edge_home, monkeypatch,
+                                                     concurrency):
     from edge_harness.tasks import run as tasks_run
 
-    right = _FakeOpenAI(lambda p: p.canonical_solution + "\n\ndef extra():\n    pass\n")
+    right = _FakeOpenAI(lambda p: p.canonical_solution + "\n\ndef extra():\n    pass\n", 0.3)
     wrong = _FakeOpenAI(lambda p: p.canonical_solution if p.task_id != "HumanEval/1"
-                        else "    return None\n")
+                        else "    return None\n", 0.3)
     monkeypatch.setattr(tasks_run, "resolve_model",
                         lambda name: type("M", (), {"name": name})())
     results = tmp_path / "tasks.jsonl"
     plan = tasks_run.TasksPlan(
         models=["m"], builds=[parse_engine("ours:w4a16"), parse_engine("ours:bf16")], limit=3,
         attach={"ours:bf16": right.url, "ours:w4a16": wrong.url}, results=results,
-        logs=tmp_path / "logs")
+        logs=tmp_path / "logs", concurrency=concurrency)
     try:
         recs = tasks_run.run(plan)
     finally:
         right.server.shutdown()
         wrong.server.shutdown()
     assert [r["quant"] for r in recs] == ["bf16", "w4a16"]  # the base first
+    # every problem's request was in flight at once when asked, one at a time otherwise
+    assert (right.peak, wrong.peak) == (concurrency, concurrency)
+    assert [row["task_id"] for row in recs[1]["results"]] == [f"HumanEval/{i}" for i in range(3)]
+    assert [r["decoding"]["concurrency"] for r in recs] == [concurrency] * 2
     assert [r["passed"] for r in recs] == [3, 2]
     assert humaneval.flips(tasks_run.passes(recs[0]), tasks_run.passes(recs[1])) == {
         "lost": ["HumanEval/1"], "gained": []}

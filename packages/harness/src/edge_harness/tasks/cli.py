@@ -29,6 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "w4a16|w4a8[-gN][-zp][-head]; llama.cpp: f16, q4_k_m, q4_0")
     h.add_argument("--limit", type=int, default=None, help="first N problems (default all 164)")
     h.add_argument("--max-tokens", type=int, default=512, help="tokens per completion (512)")
+    h.add_argument("--concurrency", type=int, default=1,
+                   help="requests in flight at once, and the server's slots (1: one stream; "
+                   "batched greedy decoding is not bit-identical to it, the record says which)")
     h.add_argument("--server", action="append", default=[], metavar="ENGINE:QUANT=URL",
                    help="score a server already running at URL as that build (no starter)")
     h.add_argument("--timeout", type=float, default=10.0,
@@ -63,8 +66,8 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
 
     if args.limit is not None and not 1 <= args.limit <= 164:
         raise UsageError(f"--limit {args.limit}: choose 1..164")
-    if args.max_tokens < 1 or args.timeout <= 0:
-        raise UsageError("--max-tokens and --timeout must be positive")
+    if args.max_tokens < 1 or args.timeout <= 0 or args.concurrency < 1:
+        raise UsageError("--max-tokens, --timeout and --concurrency must be positive")
     builds = [parse_engine(s) for s in _list(args.build or [DEFAULT_BUILDS])]
     attach = {}
     for item in args.server:
@@ -74,7 +77,8 @@ def cmd_humaneval(args: argparse.Namespace) -> int:
         attach[label(parse_engine(build))] = url
     plan = TasksPlan(
         models=_list(args.model) or ["qwen2.5-coder-0.5b"], builds=builds, limit=args.limit,
-        max_tokens=args.max_tokens, attach=attach, limits=Limits(timeout_s=args.timeout),
+        max_tokens=args.max_tokens, concurrency=args.concurrency, attach=attach,
+        limits=Limits(timeout_s=args.timeout),
         results=require_clean(None if args.no_results else args.results, args.allow_dirty),
         logs=args.logs, lock_wait=args.lock_wait,
         command="edge-infer " + shlex.join(sys.argv[1:]),

@@ -13,11 +13,17 @@ from edge_infer.api import latest as newest
 from edge_infer.api import read
 
 
+def run_size(r: dict) -> tuple[int, int, int]:
+    """(problems, max_tokens, requests in flight): records pair only within one size, since a
+    batched greedy run is not bit-identical to a single-stream one."""
+    d = r["decoding"]
+    return r["problems"], d["max_tokens"], d.get("concurrency", 1)
+
+
 def latest(path: Path) -> list[dict]:
-    """The newest HumanEval record per (model, engine, quant, problems, max_tokens)."""
+    """The newest HumanEval record per (model, engine, quant) and run size."""
     recs = [r for r in read(path, what="tasks record") if r.get("kind") == "humaneval"]
-    return newest(recs, lambda r: (r["model"], r["engine"], r["quant"], r["problems"],
-                                   r["decoding"]["max_tokens"]))
+    return newest(recs, lambda r: (r["model"], r["engine"], r["quant"], *run_size(r)))
 
 
 def mcnemar_p(lost: int, gained: int) -> float:
@@ -47,16 +53,20 @@ def render(path: Path, fidelity: Path | None, command: str) -> str:
              "gained are problems that flip against the engine's own full-precision build "
              "(paired), with McNemar's exact p. Same top and mean KL are the fidelity grid's "
              "(`docs/results/fidelity.md`) for the same build, where it has one.", ""]
-    groups = dict.fromkeys((r["model"], r["problems"], r["decoding"]["max_tokens"]) for r in recs)
-    for model, n, max_tokens in groups:
-        rows = [r for r in recs if (r["model"], r["problems"], r["decoding"]["max_tokens"])
-                == (model, n, max_tokens)]
+    groups = dict.fromkeys((r["model"], *run_size(r)) for r in recs)
+    for model, n, max_tokens, concurrency in groups:
+        rows = [r for r in recs
+                if (r["model"], *run_size(r)) == (model, n, max_tokens, concurrency)]
         by = {f"{r['engine']}:{r['quant']}": r for r in rows}
         r0 = rows[0]
         m, sb = r0["machine"], r0["sandbox"]
-        lines += [f"## {model}, {n} problems", "",
+        title = f"## {model}, {n} problems"
+        if concurrency > 1:
+            title += f", {concurrency} in flight"
+        lines += [title, "",
                   f"Weights came from: **{r0['source_grid']}**. {r0['dataset']}, max_tokens "
-                  f"{max_tokens}. Machine: {m.get('cpu_model', '?')}; commit {r0['git_commit']}. "
+                  f"{max_tokens}, {concurrency} request(s) in flight. Machine: "
+                  f"{m.get('cpu_model', '?')}; commit {r0['git_commit']}. "
                   f"Sandbox: user {sb['user']}, network namespace {sb['net_namespace']}, "
                   f"timeout {sb['timeout_s']} s.", "",
                   "| engine | build | bits/weight | pass@1 | 95% CI | passed | lost | gained "

@@ -31,13 +31,15 @@ class Served:
     facts: dict = field(default_factory=dict)
 
 
-Starter = Callable[[ModelRef, str, Path], contextlib.AbstractContextManager[Served]]
+# (model, quant, log, slots=N): N requests may be in flight at once
+Starter = Callable[..., contextlib.AbstractContextManager[Served]]
 
 
 @contextlib.contextmanager
-def ours(model: ModelRef, quant: str, log: Path) -> Iterator[Served]:
+def ours(model: ModelRef, quant: str, log: Path, slots: int = 1) -> Iterator[Served]:
     """`edge-infer serve` of the build's folder (bf16: the HF folder itself), under the model's
-    profile, prefix caching off (each problem is scored from a cold cache, like llama.cpp's)."""
+    profile (whose max_num_seqs bounds `slots`), prefix caching off (each problem is scored from
+    a cold cache, like llama.cpp's)."""
     from edge_harness.runners.ours import OursRunner
 
     build = OursRunner.prepare(model, quant)  # quantizes once into the checkpoint cache
@@ -47,7 +49,8 @@ def ours(model: ModelRef, quant: str, log: Path) -> Iterator[Served]:
         args += ["--profile", model.name]
     proc, base = serve_start(args, log, START_TIMEOUT_S)
     try:
-        yield Served(base, name, {"server": "edge-infer serve", "build_path": Path(build.path).name,
+        yield Served(base, name, {"server": "edge-infer serve", "slots": slots,
+                                  "build_path": Path(build.path).name,
                                   "bits_per_weight": round(build.bits_per_weight, 4),
                                   "activations": _activations(log)})
     finally:
@@ -63,8 +66,9 @@ def _activations(log: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def llamacpp(model: ModelRef, quant: str, log: Path) -> Iterator[Served]:
-    """llama.cpp's own `llama-server` on the build's GGUF, one slot, from the tools we build from
+def llamacpp(model: ModelRef, quant: str, log: Path, slots: int = 1) -> Iterator[Served]:
+    """llama.cpp's own `llama-server` on the build's GGUF, `slots` parallel slots of 4096 tokens
+    each, from the tools we build from
     the pinned llama-cpp-python sdist (bench/llama_tools.py, whose launcher the serving benchmark
     shares)."""
     from edge_harness.bench import llama_tools
@@ -72,11 +76,12 @@ def llamacpp(model: ModelRef, quant: str, log: Path) -> Iterator[Served]:
 
     build = LlamaCppRunner.prepare(model, quant)  # the GGUF (converted / quantized once)
     name = f"{model.name}-{quant}"
-    proc, base, _ = llama_tools.start_server(build.path, name, log, slots=1, ctx_per_slot=4096,
+    proc, base, _ = llama_tools.start_server(build.path, name, log, slots=slots, ctx_per_slot=4096,
                                              timeout=START_TIMEOUT_S)
     try:
         binary = llama_tools.tool_path(llama_tools.LLAMA_SERVER)
-        yield Served(base, name, {"server": llama_tools.LLAMA_SERVER, **llama_tools.tool_version(binary),
+        yield Served(base, name, {"server": llama_tools.LLAMA_SERVER, "slots": slots,
+                                  **llama_tools.tool_version(binary),
                                   "bits_per_weight": round(build.bits_per_weight, 4)})
     finally:
         serve_stop(proc)
