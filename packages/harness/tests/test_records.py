@@ -205,6 +205,11 @@ def test_a_build_variant_is_its_own_measurement_and_never_pairs_as_the_build():
         "w4a8-head", "w4a8-head@act_dtype=bfloat16"]
     rows = {r[2]: r for r in ratio_rows(shown, run)}
     assert rows["ours w4a8-head / llama-bench q4_k_m"][3:6] == ["20.00", "40.00", "**0.50x** slower"]
+    # llama-bench's JSON names the variant too, so two rows of one run never read as one build
+    from edge_harness.report.printers import llama_bench_fields
+
+    assert sorted(llama_bench_fields(r)["model_type"] for r in shown if r.engine == "ours") == [
+        "m w4a8-head", "m w4a8-head@act_dtype=bfloat16"]
 
 
 # -- llama-bench's output schema ----------------------------------------------------------------

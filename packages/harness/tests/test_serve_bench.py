@@ -133,3 +133,46 @@ def test_the_client_opens_a_connection_per_request():
     patched, plain, timeout = asyncio.run(build())
     assert patched and not plain
     assert timeout is aiohttp.ClientTimeout
+
+
+def test_a_stream_cut_after_data_colon_still_parses():
+    """vLLM's client strips every network chunk; one that ends at "data: " left "data:{...}",
+    which failed the request (llama-server, concurrency 8). Each event parses, and the usage
+    beside the choices is still read."""
+    import json
+
+    from vllm.benchmarks.lib import endpoint_request_func as erf
+
+    serve_client.read_usage_beside_choices()
+    last = {"choices": [{"text": ""}], "usage": {"completion_tokens": 7}}
+    stream = ['data: {"choices": [{"text": "a"}]}\n\ndata: ', '{"choices": [{"text": "b"}]}\n\n',
+              "data: ", json.dumps(last) + "\n\n", "data: [DONE]\n\n"]
+    seen: dict = {}
+    serve_client._USAGE.set(seen)
+    handler = erf.StreamedResponseHandler()
+    messages = [m for chunk in stream for m in handler.add_chunk(chunk.strip().encode())]
+    payloads = [m.removeprefix("data: ") for m in messages]
+    assert payloads[-1] == "[DONE]"
+    assert [json.loads(p)["choices"][0]["text"] for p in payloads[:-1]] == ["a", "b", ""]
+    assert seen == {"completion_tokens": 7}
+
+
+def test_the_comparison_page_shows_serving_and_task_quality(tmp_path):
+    """comparison.md gains ours / llama-server per concurrency and pass@1 per build."""
+    import json
+
+    from edge_harness.report.comparison import render
+
+    for rec in [_record("ours", "w4a16", 8, 100.0, 900.0),
+                _record("llama.cpp", "q4_0", 8, 50.0, 1800.0)]:
+        append_record(tmp_path / "serve.jsonl", rec)
+    md = render(tmp_path)
+    assert "| smollm2-135m | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in md
+    assert "no tasks.jsonl" in md
+    task = {"kind": "humaneval", "model": "m", "engine": "ours", "quant": "w4a16",
+            "base": "ours:bf16", "problems": 164, "passed": 41, "pass_at_1": 0.25,
+            "pass_at_1_ci95": [0.19, 0.32], "server": {"bits_per_weight": 4.25},
+            "decoding": {"max_tokens": 512, "concurrency": 4}, "results": []}
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    md = render(tmp_path)
+    assert "| m | ours | w4a16 | 4.25 | 0.250 | 0.190–0.320 | 41/164 | 4 |" in md

@@ -2,9 +2,10 @@
 
     python -m edge_harness.report.comparison docs/results docs/engines/comparison.md
 
-Speed (bench.jsonl: ours / llama.cpp medians, % of the streaming ceiling), fidelity
-(fidelity.jsonl), the phone path (export.jsonl), each with where and how it was measured, then
-what the comparisons do not establish.
+Speed (bench.jsonl: ours / llama.cpp medians, % of the streaming ceiling), serving under load
+(serve.jsonl), fidelity (fidelity.jsonl), task quality (tasks.jsonl), the phone path
+(export.jsonl), each with where and how it was measured, then what the comparisons do not
+establish.
 """
 
 from __future__ import annotations
@@ -35,8 +36,11 @@ NOT_ESTABLISHED = """## What the comparisons do not establish
 - **Equal bits.** Formats store different bits per weight (scales, zero points, which tensors
   stay in 8 or 16 bits); every row states its bits/weight, counted from the files. A faster or
   more faithful build at more bits/weight is a different trade, not a win.
-- **Serving throughput.** The speed tables are single-sequence llama-bench pp/tg; batching,
-  concurrency and prefix caching (where vLLM is strong) are not compared.
+- **Serving in general.** The serving rows are one seeded random workload per model on 2
+  cores, each server with one slot per concurrent request; other length mixes, longer windows,
+  shared prefixes and more cores can rank the servers differently.
+- **Tasks beyond HumanEval.** pass@1 is one benchmark of 164 short Python problems, greedy; its
+  95% intervals are wide, and a flip count says more about a 4-bit build than the pass@1 gap.
 """
 
 
@@ -122,6 +126,52 @@ def fidelity_section(results: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def serve_section(results: Path) -> str:
+    """ours / llama-server at each concurrency, from serve.jsonl's newest records."""
+    from edge_harness.report import serve
+
+    path = results / "serve.jsonl"
+    shown = latest(read_records(path, kind=serve.KIND)) if path.is_file() else []
+    if not shown:
+        return "## Serving under load\n\n(no serve.jsonl: run `nox -s bench-serve`)\n"
+    rows = []
+    for model in sorted({r.model for r in shown}):
+        rows += serve.ratio_rows(sorted((r for r in shown if r.model == model), key=serve.order))
+    cpus = sorted({f"{r.cpu_model} ({r.isa})" for r in shown})
+    return ("## Serving under load: ours / llama-server\n\nOutput throughput (> 1: ours serves "
+            "more) and p99 time to first token (< 1: ours answers sooner) at each concurrency, "
+            "vLLM's serving client against both servers, one at a time on the same cores. "
+            f"Machine: {'; '.join(cpus)}. Details, latencies and commands: "
+            "[../results/serve.md](../results/serve.md).\n\n"
+            + md_table(["model", "concurrency", "pair", "output tok/s ratio", "TTFT p99 ratio"],
+                       rows) + "\n")
+
+
+def tasks_section(results: Path) -> str:
+    """HumanEval pass@1 of each build, from tasks.jsonl's newest records."""
+    from edge_harness.tasks.render import latest as latest_tasks
+    from edge_harness.tasks.render import run_size
+
+    path = results / "tasks.jsonl"
+    recs = latest_tasks(path) if path.is_file() else []
+    if not recs:
+        return "## Task quality\n\n(no tasks.jsonl: run `nox -s eval-tasks`)\n"
+    rows = []
+    for r in sorted(recs, key=lambda r: (r["model"], run_size(r), r["engine"],
+                                         -r["server"].get("bits_per_weight", 0))):
+        lo, hi = r["pass_at_1_ci95"]
+        bits = r["server"].get("bits_per_weight")
+        rows.append([r["model"], r["engine"], r["quant"], f"{bits:.2f}" if bits else "-",
+                     f"{r['pass_at_1']:.3f}", f"{lo:.3f}–{hi:.3f}",
+                     f"{r['passed']}/{r['problems']}", str(run_size(r)[2])])
+    return ("## Task quality: HumanEval pass@1 per build\n\nEach build served by its own "
+            "engine's server, greedy, the code run in our sandbox; paired flips against each "
+            "engine's full precision and the fidelity rows beside them: "
+            "[../analysis/tasks.md](../analysis/tasks.md).\n\n"
+            + md_table(["model", "engine", "build", "bits/weight", "pass@1", "95% CI", "passed",
+                        "in flight"], rows) + "\n")
+
+
 def _calibration(c) -> str:
     if not c:
         return "none"
@@ -155,7 +205,8 @@ def render(results: Path) -> str:
              "docs/engines/comparison.md`) from the JSONL records in `docs/results/`; do not edit "
              "by hand. Engine pages: [llama.cpp](llama.cpp.md), [vLLM](vllm.md), "
              "[ExecuTorch](executorch.md), [MNN](mnn.md), [ncnn](ncnn.md).", "",
-             speed_section(results), fidelity_section(results), export_section(results),
+             speed_section(results), serve_section(results), fidelity_section(results),
+             tasks_section(results), export_section(results),
              NOT_ESTABLISHED]
     return "\n".join(parts)
 

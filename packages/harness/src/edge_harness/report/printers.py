@@ -93,7 +93,7 @@ def llama_bench_fields(r: Record, samples: bool = True) -> dict:
         "build_commit": (r.git_commit or "unknown")[:8],
         "cpu_info": r.cpu_model,
         "backends": "CPU",
-        "model_type": f"{r.model} {r.quant}",
+        "model_type": f"{r.model} {r.build}",
         "n_threads": r.threads,
         "cpu_mask": hex(sum(1 << c for c in r.cores)),
         "n_prompt": r.n_prompt,

@@ -28,14 +28,14 @@ def _row(r: Record) -> list[str]:
             _ms(r, "tpot", "p99"), str(x["failed"]), r.guard]
 
 
-def _order(r: Record) -> tuple:
+def order(r: Record) -> tuple:
     return (r.model, r.extra.get("workload", {}).get("shared_prefix", 0),
             r.extra["concurrency"], r.engine != "ours", r.quant)
 
 
 def table(records: list[Record]) -> str:
     """One row per (build, concurrency), then ours / llama.cpp at each concurrency."""
-    rows = sorted(records, key=_order)
+    rows = sorted(records, key=order)
     out = md_table(COLUMNS, [_row(r) for r in rows])
     ratios = ratio_rows(rows)
     if ratios:
