@@ -163,11 +163,15 @@ def test_the_comparison_page_shows_serving_and_task_quality(tmp_path):
 
     from edge_harness.report.comparison import render
 
+    failing = _record("llama.cpp", "q4_0", 4, 40.0, 800.0)
+    failing.extra["failed"] = 1
     for rec in [_record("ours", "w4a16", 8, 100.0, 900.0),
-                _record("llama.cpp", "q4_0", 8, 50.0, 1800.0)]:
+                _record("llama.cpp", "q4_0", 8, 50.0, 1800.0),
+                _record("ours", "w4a16", 4, 80.0, 800.0), failing]:
         append_record(tmp_path / "serve.jsonl", rec)
     md = render(tmp_path)
     assert "| smollm2-135m | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in md
+    assert "| smollm2-135m | 4 | w4a16 / q4_0 | 2.00 (llama.cpp failed 1) | 1.00 |" in md
     assert "no tasks.jsonl" in md
     task = {"kind": "humaneval", "model": "m", "engine": "ours", "quant": "w4a16",
             "base": "ours:bf16", "problems": 164, "passed": 41, "pass_at_1": 0.25,

@@ -58,8 +58,11 @@ def ratio_rows(records: list[Record]) -> list[list[str]]:
             continue
         t_ours, t_theirs = (x.extra.get("ttft_ms", {}).get("p99") for x in (ours, theirs))
         ttft = f"{t_ours / t_theirs:.2f}" if t_ours and t_theirs else ""
+        # a server that failed requests served less than it was asked: the ratio says so
+        failed = {x.engine: x.extra.get("failed", 0) for x in (ours, theirs) if x.extra.get("failed")}
+        note = f" ({', '.join(f'{e} failed {n}' for e, n in failed.items())})" if failed else ""
         rows.append([model, str(ours.extra["concurrency"]), f"{ours.quant} / {theirs.quant}",
-                     f"{ours.median / theirs.median:.2f}", ttft])
+                     f"{ours.median / theirs.median:.2f}{note}", ttft])
     return rows
 
 
