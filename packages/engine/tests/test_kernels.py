@@ -416,10 +416,12 @@ def test_dot_peak_times_each_instruction_the_cpu_has():
     ran = 0
     for kind in DOT_PEAK_KINDS:
         if all(lib.cpu_has(f) for f in needs[kind]):
-            # The loop is not folded away: 2000x the rounds take longer. The best of several
-            # calls on each side, so one preempted call on a shared machine cannot decide it.
+            # The loop is not folded away: 10000x the rounds take longer. The best of several
+            # calls on each side, so one preempted call on a shared machine cannot decide it;
+            # the long side runs some 0.1 s or more, far past a busy machine's few ms of thread wake-up
+            # that a short call can cost (2000x, some 5 ms of work, once lost to it under load).
             short = min(dot_peak(kind, 1000) for _ in range(5))
-            long = min(dot_peak(kind, 2_000_000) for _ in range(3))
+            long = min(dot_peak(kind, 10_000_000) for _ in range(3))
             assert 0 < short < long
             ran += 1
         else:
