@@ -56,8 +56,8 @@ def tests_engine(session: nox.Session) -> None:
 
 @nox.session(name="tests-harness", tags=["test"])
 def tests_harness(session: nox.Session) -> None:
-    """Harness package (with the engine and llama.cpp it measures)."""
-    sync(session, "edge-infer-harness")
+    """Harness package (with the engine, llama.cpp and ExecuTorch's runtime it measures)."""
+    sync(session, "edge-infer-harness", "edge-infer-export")
     pytest(session, "packages/harness/tests")
 
 
@@ -226,7 +226,7 @@ def bench_x86(session: nox.Session) -> None:
     to wait for a quiet machine, `-- --force` to measure on a busy one)."""
     plan = _grid(PLANS)["bench"]
     spark = plan["spark"]
-    sync(session, "edge-infer-harness")
+    sync(session, "edge-infer-harness", "edge-infer-export")  # export: the executorch engine
     for model in plan["models"]:
         session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
     models = ",".join(plan["models"])
@@ -237,6 +237,13 @@ def bench_x86(session: nox.Session) -> None:
     session.run("edge-infer", "bench", "run", "-m", spark["model"], "-e", spark["engines"],
                 "-p", "512", "-n", "128", "-r", "5", "--no-ceiling", *session.posargs,
                 env=OFFLINE_ENV)
+    # The phone engine (ExecuTorch .pte, XNNPACK) beside ours and llama.cpp, per model; the
+    # ceiling is reused.
+    et = plan["executorch"]
+    for model in et["models"]:
+        session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
+        session.run("edge-infer", "bench", "run", "-m", model, "-e", et["engines"], "-p", "512",
+                    "-n", "128", "-r", "5", "--no-ceiling", *session.posargs, env=OFFLINE_ENV)
     # M = 1 (decode) through 64 (batched decode) and 512 (a pp512 prefill), the kernel the
     # engine dispatches per shape beside bf16/fp32 F.linear: every available kernel at every M
     # took 42 min for smollm2 alone (`bench gemm --kernels` without it compares them all)

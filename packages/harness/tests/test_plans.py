@@ -14,6 +14,7 @@ PLANS = tomllib.loads((resources.files("edge_harness") / "plans.toml").read_text
 BENCH = PLANS["bench"]
 GRIDS = [(model, BENCH["engines"]) for model in BENCH["models"]]
 GRIDS += [(BENCH["spark"]["model"], BENCH["spark"]["engines"])]
+GRIDS += [(model, BENCH["executorch"]["engines"]) for model in BENCH["executorch"]["models"]]
 GRIDS += list(PLANS["fidelity"].items())
 GRIDS += list(PLANS["tasks"].items())
 SERVE = PLANS["serve"]
@@ -31,8 +32,9 @@ def test_every_planned_build_is_one_bench_run_accepts(model, engines):
 
 def test_the_plan_has_what_the_noxfile_reads():
     assert set(PLANS) == {"bench", "fidelity", "tasks", "serve"}
-    assert set(BENCH) == {"models", "engines", "spark"}
+    assert set(BENCH) == {"models", "engines", "spark", "executorch"}
     assert set(BENCH["spark"]) == {"model", "engines"}
+    assert set(BENCH["executorch"]) == {"models", "engines"}
     assert all(isinstance(v, str) for v in PLANS["fidelity"].values())
 
 
