@@ -57,7 +57,8 @@ def tests_engine(session: nox.Session) -> None:
 @nox.session(name="tests-harness", tags=["test"])
 def tests_harness(session: nox.Session) -> None:
     """Harness package (with the engine, llama.cpp and ExecuTorch's runtime it measures)."""
-    sync(session, "edge-infer-harness", "edge-infer-export")
+    sync(session, "edge-infer-harness")
+    sync(session, "edge-infer-export")  # added (--inexact): the executorch engine's runtime
     pytest(session, "packages/harness/tests")
 
 
@@ -226,7 +227,8 @@ def bench_x86(session: nox.Session) -> None:
     to wait for a quiet machine, `-- --force` to measure on a busy one)."""
     plan = _grid(PLANS)["bench"]
     spark = plan["spark"]
-    sync(session, "edge-infer-harness", "edge-infer-export")  # export: the executorch engine
+    sync(session, "edge-infer-harness")
+    sync(session, "edge-infer-export")  # added (--inexact): the executorch engine
     for model in plan["models"]:
         session.run("edge-infer", "models", "pull", model, env=OFFLINE_ENV)
     models = ",".join(plan["models"])
