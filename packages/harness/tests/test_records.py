@@ -153,6 +153,28 @@ def test_comparison_page_is_generated_from_the_records(tmp_path):
     assert "| m | Q4_1 | ours | w4a16 | ours:bf16 | 4.50 | 3/12 | 91.50 | 0.04210 |" in md
     assert "## What the comparisons do not establish" in md
     assert "no export.jsonl" in md
+    assert "no executorch records" in md
+
+
+def test_comparison_shows_executorch_beside_the_engines_of_its_own_run(tmp_path):
+    from edge_harness.report.comparison import render
+
+    bench = tmp_path / "bench.jsonl"
+    common = dict(model="m", cores=[0, 1], threads=2, cpu_model="CPU X", isa="avx2",
+                  cpu_flags=["avx2"], command="edge-infer bench run", test="tg128")
+    append_record(bench, rec(engine="llama-bench", quant="q4_k_m", samples=[40.0, 41.0, 42.0],
+                             run_id="old", **common))  # another run: never beside it
+    facts = {"facts": {"static_context": 512, "prefill_chunk": 128}}
+    append_record(bench, rec(engine="executorch", quant="8da4w", samples=[10.0, 11.0, 12.0],
+                             run_id="r1", bits_per_weight=5.1, git_commit="abcdef123",
+                             extra=facts, **common))
+    append_record(bench, rec(engine="llama-bench", quant="q4_k_m", samples=[20.0, 22.0, 24.0],
+                             run_id="r1", **common))
+    md = render(tmp_path)
+    assert "## The phone engine on this CPU: ExecuTorch (XNNPACK)" in md
+    assert ("| m | 8da4w | tg128 | 5.10 | 11.00 (10.00-12.00) | llama-bench q4_k_m 22.00 "
+            "(0.50x, slower) |") in md
+    assert "static cache of 512 slots" in md and "commits abcdef1." in md
 
 
 def test_ratios_never_span_two_runs():

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from edge_harness.record import read_records
 from edge_harness.report.printers import md_table
-from edge_harness.report.render import REFERENCE, fill_ceiling, is_speed, latest, ratio_table
+from edge_harness.report.render import (
+    REFERENCE,
+    fill_ceiling,
+    is_speed,
+    latest,
+    noise_verdict,
+    ratio_table,
+)
 
 NOT_ESTABLISHED = """## What the comparisons do not establish
 
@@ -24,8 +31,9 @@ NOT_ESTABLISHED = """## What the comparisons do not establish
   that is shared with other work; the contention guard refused busy measurements, but a VM's
   memory bandwidth and turbo behaviour vary between runs. Ratios measured in one interleaved run
   carry over better than absolute tok/s.
-- **ARM.** Nothing was measured on ARM (phones, Graviton, Apple): the phone path is scored by
-  SQNR, not speed, and QNN figures are simulated unless a record says `measured: device`.
+- **ARM.** Nothing was measured on ARM (phones, Graviton, Apple): the phone path's `.pte` is
+  timed on this x86 CPU only (the ExecuTorch section), and QNN figures are simulated unless a
+  record says `measured: device`.
 - **AMX / AVX-512.** vLLM's own AMX/AVX-512 4-bit kernel and the seed's AMX figures are not
   reproduced here; no lent machine with those units was available to these runs.
 - **Real weights for speed.** Speed is measured on random weights of real shapes (qwen3-0.6b,
@@ -86,6 +94,48 @@ def speed_section(results: Path) -> str:
         [[r.model, r.engine, r.build, f"{r.bits_per_weight:.2f}" if r.bits_per_weight else "",
           f"{r.median:.2f}", f"{r.achieved_gbs:.2f}",
           f"{r.pct_ceiling:.1f}" if r.pct_ceiling is not None else ""] for r in tg]))
+    return "\n".join(lines) + "\n"
+
+
+def executorch_section(results: Path) -> str:
+    """The phone engine on this CPU: each ExecuTorch (XNNPACK .pte) record of the newest run per
+    (model, build, test), beside every other engine's record of the same run and test."""
+    title = "## The phone engine on this CPU: ExecuTorch (XNNPACK)"
+    path = results / "bench.jsonl"
+    everything = [r for r in read_records(path) if is_speed(r)] if path.is_file() else []
+    et = latest([r for r in everything if r.engine == "executorch"])
+    if not et:
+        return f"{title}\n\n(no executorch records: run `nox -s bench-x86`)\n"
+    rows = []
+    for r in sorted(et, key=lambda r: (r.model, r.build, r.test[:2] != "pp", r.test)):
+        others = sorted((x for x in everything if x.run_id == r.run_id and x.model == r.model
+                         and x.test == r.test and x.threads == r.threads
+                         and x.engine != "executorch"), key=lambda x: (x.engine, x.build))
+        beside = "; ".join(f"{x.engine} {x.build} {x.median:.2f} ({r.median / x.median:.2f}x, "
+                           f"{noise_verdict(r.samples, x.samples)})" for x in others)
+        rows.append([r.model, r.build, r.test, f"{r.bits_per_weight:.2f}",
+                     f"{r.median:.2f} ({min(r.samples):.2f}-{max(r.samples):.2f})",
+                     beside or "-"])
+    cpus = sorted({f"{r.cpu_model}, {r.isa}" for r in et})
+    versions = sorted({r.engine_version for r in et})
+    facts = et[0].extra.get("facts", {})
+    commands = list(dict.fromkeys(r.command for r in et if r.command))
+    lines = [title, "",
+             "The `.pte` that `nox -s export` lowers for phones, timed on this CPU with llama-bench's "
+             "pp/tg by `edge-infer bench run` (engine `executorch`, "
+             "packages/harness/src/edge_harness/runners/executorch.py), interleaved with the other "
+             "engines of the same run on the same pinned cores. Its graph has a static cache of "
+             f"{facts.get('static_context', '?')} slots that every call attends over (prefill in "
+             f"chunks of {facts.get('prefill_chunk', '?')}), as a phone deployment of it would. "
+             "Each ratio is ExecuTorch's tok/s over the other engine's, same run; 'faster' or "
+             "'slower' only where the repetitions' ranges do not overlap.", "",
+             f"Machine: {'; '.join(cpus)}; threads {sorted({r.threads for r in et})}; guard: "
+             f"{', '.join(sorted({r.guard for r in et}))}. Versions: {'; '.join(versions)}.", "",
+             "Commands: " + "; ".join(f"`{c}`" for c in commands) + "; commits "
+             + ", ".join(sorted({(r.git_commit or "?")[:7] + (" (dirty)" if r.git_dirty else "")
+                                 for r in et})) + ".", "",
+             md_table(["model", "build", "test", "bits/weight", "tok/s median (min-max)",
+                       "same run: engine build tok/s (ExecuTorch / it)"], rows)]
     return "\n".join(lines) + "\n"
 
 
@@ -205,7 +255,8 @@ def render(results: Path) -> str:
              "docs/engines/comparison.md`) from the JSONL records in `docs/results/`; do not edit "
              "by hand. Engine pages: [llama.cpp](llama.cpp.md), [vLLM](vllm.md), "
              "[ExecuTorch](executorch.md), [MNN](mnn.md), [ncnn](ncnn.md).", "",
-             speed_section(results), serve_section(results), fidelity_section(results),
+             speed_section(results), executorch_section(results), serve_section(results),
+             fidelity_section(results),
              tasks_section(results), export_section(results),
              NOT_ESTABLISHED]
     return "\n".join(parts)
