@@ -122,7 +122,9 @@ class ExecuTorchRunner:
         try:
             import edge_export  # noqa: F401
         except ImportError:
-            raise ValueError("the executorch engine needs the export package: install "
+            from edge_infer.api import UsageError
+
+            raise UsageError("engine executorch needs the export package: install "
                              "edge-infer-export beside the harness (nox -s bench-x86 does)") from None
         out = pte_dir() / f"{model.name}-{quant}-{_graph_hash()}.pte"
         meta = out.with_suffix(".json")
