@@ -177,11 +177,11 @@ def fidelity_section(results: Path) -> str:
 
 
 def serve_section(results: Path) -> str:
-    """ours / llama-server at each concurrency, from serve.jsonl's newest records."""
+    """ours / llama-server at each concurrency, from serve.jsonl's newest run per model."""
     from edge_harness.report import serve
 
     path = results / "serve.jsonl"
-    shown = latest(read_records(path, kind=serve.KIND)) if path.is_file() else []
+    shown = serve.newest_runs(read_records(path, kind=serve.KIND)) if path.is_file() else []
     if not shown:
         return "## Serving under load\n\n(no serve.jsonl: run `nox -s bench-serve`)\n"
     rows = []

@@ -1,6 +1,7 @@
-"""The serving page: `serve.md` and `serve.png` from `serve.jsonl` (bench/serve.py's records),
-newest record of each (model, build, concurrency). `edge-infer bench report` writes them when
-serve.jsonl sits beside bench.jsonl; `tools/check_docs.py` checks the page is not stale.
+"""The serving page: `serve.md` and `serve.png` from `serve.jsonl` (bench/serve.py's records):
+per model and workload, the newest run only, so that a table and its ratios come from one run.
+`edge-infer bench report` writes them when serve.jsonl sits beside bench.jsonl;
+`tools/check_docs.py` checks the page is not stale.
 """
 
 from __future__ import annotations
@@ -28,9 +29,23 @@ def _row(r: Record) -> list[str]:
             _ms(r, "tpot", "p99"), str(x["failed"]), r.guard]
 
 
+def _prefix(r: Record) -> int:
+    return r.extra.get("workload", {}).get("shared_prefix", 0)
+
+
 def order(r: Record) -> tuple:
-    return (r.model, r.extra.get("workload", {}).get("shared_prefix", 0),
-            r.extra["concurrency"], r.engine != "ours", r.quant)
+    return (r.model, _prefix(r), r.extra["concurrency"], r.engine != "ours", r.quant)
+
+
+def newest_runs(records: list[Record]) -> list[Record]:
+    """Per (model, workload), the records of its newest run, newest of each (build,
+    concurrency) within it. Both servers are measured in one run on one machine state; an
+    older run of another build never fills in a row or a ratio beside them."""
+    newest: dict[tuple, str] = {}
+    for r in records:
+        key = (r.model, _prefix(r))
+        newest[key] = max(newest.get(key, r.run_id), r.run_id)
+    return latest([r for r in records if r.run_id == newest[(r.model, _prefix(r))]])
 
 
 def table(records: list[Record]) -> str:
@@ -68,13 +83,13 @@ def ratio_rows(records: list[Record]) -> list[list[str]]:
 
 def render(results: Path, out: Path) -> Path:
     """Write serve.md (and serve.png) into `out`; returns the page."""
-    shown = latest(read_records(results, kind=KIND))
+    shown = newest_runs(read_records(results, kind=KIND))
     out.mkdir(parents=True, exist_ok=True)
     parts = [header(shown)]
     for model in sorted({r.model for r in shown}):
         rs = [r for r in shown if r.model == model]
-        for prefix in sorted({r.extra["workload"]["shared_prefix"] for r in rs}):
-            sub = [r for r in rs if r.extra["workload"]["shared_prefix"] == prefix]
+        for prefix in sorted({_prefix(r) for r in rs}):
+            sub = [r for r in rs if _prefix(r) == prefix]
             w = sub[0].extra["workload"]
             what = (f"prompts {w['input_len'][0]}-{w['input_len'][1]} tokens, outputs "
                     f"{w['output_len'][0]}-{w['output_len'][1]}"
@@ -95,8 +110,8 @@ def header(shown: list[Record]) -> str:
     lines = [
         "# Serving under load: edge-infer serve against llama-server",
         "",
-        "Rendered by `edge-infer bench report` from `serve.jsonl` (newest record of each "
-        "model, build and concurrency). Each server is started with one slot per concurrent "
+        "Rendered by `edge-infer bench report` from `serve.jsonl`: per model and workload, "
+        "its newest run, both servers measured in it. Each server is started with one slot per concurrent "
         "request, the same context per slot, pinned to the same cores with the same thread "
         "count, one server at a time; the load is vLLM's serving benchmark client "
         f"({', '.join(clients)}) with the same seeded random requests for both: one warm-up "
