@@ -109,6 +109,41 @@ def test_the_page_shows_every_build_and_the_ratio_at_each_concurrency(tmp_path):
     assert "Warning" not in text
 
 
+def test_a_table_and_its_ratios_come_from_the_newest_run_only(tmp_path):
+    """A newer run of another build replaces the older run's rows: its llama.cpp row is never
+    divided into the older run's build, nor shown beside it."""
+    results = tmp_path / "serve.jsonl"
+    for run, quant, ours, theirs in [("20261203T100000-1", "w4a16", 60.0, 50.0),
+                                     ("20261204T100000-1", "w4a8", 120.0, 55.0)]:
+        for rec in [_record("ours", quant, 8, ours, 900.0, run_id=run),
+                    _record("llama.cpp", "q4_0", 8, theirs, 1800.0, run_id=run)]:
+            append_record(results, rec)
+    text = page.render(results, tmp_path).read_text()
+    assert "| 8 | ours | w4a8 | 120.00 |" in text and "| 8 | llama.cpp | q4_0 | 55.00 |" in text
+    assert "w4a16" not in text and "50.00" not in text
+    assert "| smollm2-135m | 8 | w4a8 / q4_0 | 2.18 | 0.50 |" in text
+    from edge_harness.report.comparison import serve_section
+    section = serve_section(tmp_path)
+    assert "w4a8 / q4_0 | 2.18" in section and "w4a16" not in section
+
+
+def test_a_window_that_lost_requests_keeps_the_server_log_and_its_errors(edge_home, tmp_path):
+    log = tmp_path / "llama.cpp.log"
+    log.write_text("0.00.1 I srv load_model: n_ctx_slot = 1344\n"
+                   "1.40.2 E slot launch_slot_: the request exceeds the available context size\n"
+                   "INFO 12-04 vLLM engine ready\n"
+                   "ERROR 12-04 Traceback (most recent call last):\n")
+    kept = serve.keep_log(log, "run-llama.cpp-c4.log")
+    assert kept["server_log"] == "<home>/harness/serve-logs/run-llama.cpp-c4.log"
+    kept_file = edge_home / "harness" / "serve-logs" / "run-llama.cpp-c4.log"
+    assert kept_file.read_text() == log.read_text()
+    assert kept["server_errors"] == [
+        "1.40.2 E slot launch_slot_: the request exceeds the available context size",
+        "ERROR 12-04 Traceback (most recent call last):"]
+    # a server that left no log still gives a record its fields
+    assert serve.keep_log(tmp_path / "absent.log", "x.log")["server_errors"] == []
+
+
 def test_the_client_opens_a_connection_per_request():
     """llama-server closes idle connections after 5 s; vLLM's client kept them 60 s and sent
     requests on closed ones. The patched connector never keeps one, and only vLLM's serving
@@ -154,7 +189,41 @@ def test_a_stream_cut_after_data_colon_still_parses():
     payloads = [m.removeprefix("data: ") for m in messages]
     assert payloads[-1] == "[DONE]"
     assert [json.loads(p)["choices"][0]["text"] for p in payloads[:-1]] == ["a", "b", ""]
-    assert seen == {"completion_tokens": 7}
+    assert seen["completion_tokens"] == 7 and "server_error" not in seen
+
+
+@pytest.mark.parametrize("terminated", [True, False])
+def test_a_server_error_event_fails_the_request_with_the_servers_words(terminated):
+    """llama-server ends a failing stream with "error: {...}": never parsed as data, and the
+    failed request's error is what the server said, whether or not the event was terminated."""
+    import asyncio
+    import json
+
+    from vllm.benchmarks.lib import endpoint_request_func as erf
+
+    serve_client.read_usage_beside_choices()
+    said = '{"code": 400, "message": "the request exceeds the available context size"}'
+    stream = ['data: {"choices": [{"text": "a"}]}\n\n',
+              "error: " + said + ("\n\n" if terminated else "")]
+
+    async def request():  # the shape of vLLM's loop: strip, add, parse every message as data
+        handler = erf.StreamedResponseHandler()
+        out = erf.RequestFuncOutput()
+        for chunk in stream:
+            for m in handler.add_chunk(chunk.strip().encode()):
+                json.loads(m.removeprefix("data: "))
+        out.success, out.error = False, "Never received a valid chunk to calculate TTFT."
+        return out
+
+    out = asyncio.run(serve_client.counted(request)())
+    assert out.error == "server error event: " + said
+
+    async def fine():
+        out = await request()
+        out.success, out.error = True, ""
+        return out
+
+    assert asyncio.run(serve_client.counted(fine)()).error == ""
 
 
 def test_the_comparison_page_shows_serving_and_task_quality(tmp_path):

