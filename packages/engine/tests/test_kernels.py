@@ -35,6 +35,7 @@ SHAPES = [  # (M, N, K, group)
     (5, 33, 192, 32),  # N odd, not a multiple of the 4-row W4A8 tile; M just above GEMV
     (4, 1030, 1024, 128),  # M at the GEMV limit; N crosses the 512-row GEMM tile
     (9, 1030, 128, 128),  # M above it: tiles of 512, 512 and 6 rows
+    (20, 131, 384, 128),  # the AVX2 int8 prefill: 64-row tasks, 16-row sub-blocks, odd N, 16+4 tokens
 ]
 
 
