@@ -1471,8 +1471,13 @@ __attribute__((target("avx2,fma"))) void unpack_blocks32_rows(const Weights& w, 
 // tokens' block scales sx are bs floats apart, the rows' group scales srow w.groups apart; y
 // has the rows contiguous and the tokens w.n apart. Without the zero points' share (see
 // w4a8_zero_share). The scales of a chunk are broadcast from memory (loads, not shuffles).
+//
+// Two things measured on a 2-core Zen 3, in an in-L1 copy of this tile (2 x 4, K=1024, g128, one
+// thread, 6 interleaved runs): GCC's loop unrolling, here only, 67 -> 70 GMAC/s (without it
+// GCC's register allocation adds a register move per `vpaddw` to the block loop); and the 8
+// sums of a 2 x 4 tile as one tree of `vhaddps` rather than 8 horizontal sums, 70 -> 77.
 template <int R, int T>
-__attribute__((target("avx2,fma"))) void tile_w4a8_u8(const Weights& w, const uint8_t* u8, const int8_t* xq,
+__attribute__((target("avx2,fma"), optimize("unroll-loops"))) void tile_w4a8_u8(const Weights& w, const uint8_t* u8, const int8_t* xq,
                                                       const float* sx, int64_t bs, const float* srow, float* y) {
   const int64_t k = w.k, blocks = k / kBlock, per_group = w.group / kBlock;
   const int64_t chunk = w4a8_chunk(per_group);
@@ -1504,8 +1509,19 @@ __attribute__((target("avx2,fma"))) void tile_w4a8_u8(const Weights& w, const ui
     in_group += chunk;
     if (in_group == per_group) in_group = 0, ++g;
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * w.n + r] = hsum(acc[r][t]);
+  if constexpr (R * T == 8) {
+    // acc[r][t] = a[r * T + t]; q0 lanes: a0..a3 summed over their low then high halves, q1: a4..a7
+    const __m256* a = &acc[0][0];
+    const __m256 q0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 q1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_add_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31)));
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) y[t * w.n + r] = sums[r * T + t];
+  } else {
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) y[t * w.n + r] = hsum(acc[r][t]);
+  }
 }
 
 template <int R>
