@@ -9,7 +9,14 @@ import torch
 from conftest import build_tiny
 from edge_export import records
 from edge_export.sqnr import logit_agreement
-from edge_export.xnnpack.lower import HEAD_BITS, Recipe, apply_recipe, scheme_recipe
+from edge_export.xnnpack.lower import (
+    HEAD_BITS,
+    Recipe,
+    ZeroShifted,
+    apply_recipe,
+    scheme_recipe,
+    shift_to_float_zero,
+)
 from edge_infer.api import missing_provenance
 
 
@@ -42,7 +49,8 @@ def test_8da4w_default_keeps_the_head_at_8_bits():
 
 
 @pytest.mark.parametrize("kw", [dict(body_bits=9), dict(head_bits=0),
-                                dict(activations="int4"), dict(group_size=-1)])
+                                dict(activations="int4"), dict(group_size=-1),
+                                dict(mapping="nf4"), dict(group_size=0, mapping="float-zero")])
 def test_recipe_refuses_what_cannot_run(kw):
     with pytest.raises(ValueError):
         Recipe(**kw)
@@ -61,6 +69,44 @@ def test_apply_recipe_quantizes_body_and_head_as_told(tiny_llama):
     assert max(len(torch.unique(row)) for row in head) <= 256
     # the tied embedding is left fp32 and unchanged
     assert torch.equal(model.embed_tokens.weight.detach(), embed_before)
+
+
+def _q4_1_linear(out=48, inp=128, group=32, seed=0) -> torch.nn.Linear:
+    """A linear whose weights sit on a Q4_1 grid: per group of 32 inputs, d q + m with codes
+    0..15 (both ends used), a float step d and a float minimum m."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (out, inp // group, group), generator=g).float()
+    codes[..., 0], codes[..., 1] = 0, 15
+    step = torch.rand(out, inp // group, 1, generator=g) * 0.02 + 0.001
+    low = torch.randn(out, inp // group, 1, generator=g) * 0.05 - 8 * step
+    linear = torch.nn.Linear(inp, out, bias=False)
+    linear.weight.data = (codes * step + low).flatten(1)
+    return linear
+
+
+def test_float_zero_split_is_exact_in_float():
+    linear = _q4_1_linear()
+    x = torch.randn(5, 128)
+    want = linear(x)
+    shifted = shift_to_float_zero(linear, 4, 32)
+    assert isinstance(shifted, ZeroShifted) and shifted.offsets.shape == (48, 4)
+    torch.testing.assert_close(shifted(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="multiple of the group"):
+        shift_to_float_zero(torch.nn.Linear(40, 8), 4, 32)
+
+
+def test_float_zero_keeps_a_q4_1_grid_that_symmetric_rounding_loses():
+    x = torch.randn(7, 128)
+    errors = {}
+    for mapping in ("float-zero", "symmetric", "asymmetric"):
+        model = torch.nn.Sequential(_q4_1_linear())
+        want = model(x)
+        apply_recipe(model, Recipe(4, 32, None, activations="float", mapping=mapping))
+        errors[mapping] = ((model(x) - want).norm() / want.norm()).item()
+    # the checkpoint's own codes come back: exact to float rounding
+    assert errors["float-zero"] < 1e-5
+    # torchao's symmetric and integer-zero grids round each weight a second time
+    assert errors["symmetric"] > 1e-2 and errors["asymmetric"] > 1e-2
 
 
 def test_head_none_leaves_the_head_float(tiny_llama):

@@ -46,6 +46,7 @@ def test_8da4w_pte_matches_its_eager_quantization(tiny_llama, tmp_path):
     assert 5 < record["sqnr_db"] < 60
     assert abs(record["sqnr_db"] - record["eager_sqnr_db"]) < 3
     assert record["group_size"] == 32
-    # the 8da4w default: SmoothQuant scales from the calibration windows, head at 8 bits
-    assert record["smooth"]["alpha"] == 0.5 and record["calibration"]["samples"] == 4
-    assert record["recipe"]["head_bits"] == 8
+    # the 8da4w default: a float offset per group (its linear over group sums lowers too),
+    # head at 8 bits, no SmoothQuant (it scales the weights off their grid)
+    assert record["recipe"]["mapping"] == "float-zero" and record["recipe"]["head_bits"] == 8
+    assert "smooth" not in record

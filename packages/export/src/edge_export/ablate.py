@@ -55,6 +55,22 @@ def _variants() -> tuple[Variant, ...]:
                 "the quantized graph", Recipe(4, 32, 8, 0), sink_prefix=False),
         Variant("8da4w g32, head 8-bit, smooth 0.5", "SmoothQuant scales (alpha 0.5) from "
                 "calibration activations", Recipe(4, 32, 8, 0), smooth_alpha=0.5),
+        Variant("8da4w g32 asymmetric, head 8-bit", "a zero point per group: the grid of a "
+                "Q4_1-style checkpoint", Recipe(4, 32, 8, 0, mapping="asymmetric")),
+        Variant("w4 g32 asymmetric weight-only, head 8-bit", "the same grid with float "
+                "activations (the engine's W4A16-g32-zp form)",
+                Recipe(4, 32, 8, 0, activations="float", mapping="asymmetric")),
+        Variant("8da4w g32 float zero, head 8-bit", "a float offset per group, as Q4_1, "
+                "carried by a linear over group sums: the checkpoint's own grid",
+                Recipe(4, 32, 8, 0, mapping="float-zero")),
+        Variant("w4 g32 float zero weight-only, head 8-bit", "the same with float "
+                "activations: what the int8 activations cost on that grid",
+                Recipe(4, 32, 8, 0, activations="float", mapping="float-zero")),
+        Variant("8da4w g32 float zero, head fp32", "that grid, without the head's 8 bits",
+                Recipe(4, 32, None, mapping="float-zero")),
+        Variant("8da4w g32 float zero, head 8-bit, smooth 0.5", "SmoothQuant before the "
+                "split: kinder int8 activations, the grid lost",
+                Recipe(4, 32, 8, 0, mapping="float-zero"), smooth_alpha=0.5),
     )
 
 
