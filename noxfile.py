@@ -75,14 +75,18 @@ def tests(session: nox.Session) -> None:
     then the engine image built, served for real and running the engine's tests inside it (needs
     a Docker API: tools/podman_setup.sh)."""
     session.notify("lint")
+    # With a Docker API the engine's suite runs once, split: its `heavy` tests (a second model
+    # pulled, inductor) here, and all the others inside the image, against the installed code.
+    # Without one (outside CI: the image sessions skip), all of it runs here.
+    split = _docker_ok()
     for short in PACKAGES:
-        session.notify(f"tests-{short}")
+        session.notify(f"tests-{short}", ["-m", "heavy"] if short == "engine" and split else [])
     session.notify("fidelity-crosscheck")
     session.notify("docs-check")
     session.notify("nix-check")
     session.notify("images", ["engine"])
     session.notify("tests-image")
-    session.notify("tests-in-image", ["engine"])
+    session.notify("tests-in-image", ["engine", "--", "-m", "not heavy"])
 
 
 def _require(session: nox.Session, what: str, ok: bool, how: str) -> None:
@@ -98,9 +102,13 @@ def _require(session: nox.Session, what: str, ok: bool, how: str) -> None:
 IMAGES_TOOL = str(ROOT / "tools" / "images.py")
 
 
+def _docker_ok() -> bool:
+    return subprocess.run([sys.executable, IMAGES_TOOL, "check"]).returncode == 0
+
+
 def _require_docker(session: nox.Session) -> None:
-    ok = subprocess.run([sys.executable, IMAGES_TOOL, "check"]).returncode == 0
-    _require(session, "a Docker API", ok, "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
+    _require(session, "a Docker API", _docker_ok(),
+             "run `eval \"$(sudo tools/podman_setup.sh)\"` or start Docker")
 
 
 @nox.session(tags=["image"])

@@ -11,6 +11,9 @@ from edge_infer.quant.config import W4Config
 from edge_infer.serve.resolve import Resolved
 from edge_infer.serve.runtime import vllm_env
 
+# 3-6 minutes of inductor; the image's compiler is checked where its build warms inductor
+pytestmark = pytest.mark.heavy
+
 PROMPT = "The quick brown fox jumps over the lazy dog. Paris is the capital of"
 
 

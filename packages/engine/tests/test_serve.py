@@ -306,6 +306,7 @@ def test_openai_parity(client, check):
     openai_parity.run(check, client, MODEL)
 
 
+@pytest.mark.heavy  # pulls and quantizes a second model (about 5 minutes)
 def test_tool_calls_are_parsed_for_qwen25_coder(edge_home, tmp_path):
     """The qwen2.5-coder profile names vLLM's hermes parser, so `tool_choice: auto` is accepted
     and a tool call comes back as `tool_calls`, never as a server error."""
