@@ -41,8 +41,9 @@ def sync(session: nox.Session, *packages: str, extras: tuple[str, ...] = (),
 
 
 def pytest(session: nox.Session, *paths: str) -> None:
+    # the ten slowest tests close each log: where CI's 90 minutes go
     session.run(
-        "pytest", *paths, *session.posargs,
+        "pytest", "--durations=10", *paths, *session.posargs,
         env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"},
     )
 
@@ -86,7 +87,7 @@ def tests(session: nox.Session) -> None:
     session.notify("nix-check")
     session.notify("images", ["engine"])
     session.notify("tests-image")
-    session.notify("tests-in-image", ["engine", "--", "-m", "not heavy"])
+    session.notify("tests-in-image", ["engine", "--", "-m", "not heavy", "--durations=10"])
 
 
 def _require(session: nox.Session, what: str, ok: bool, how: str) -> None:
@@ -382,7 +383,7 @@ def fidelity_crosscheck(session: nox.Session) -> None:
     (smollm2-135m, ~90 s). `edge-infer fidelity crosscheck --results
     docs/results/fidelity.jsonl` and `edge-infer bench crosscheck` record them."""
     sync(session, "edge-infer-harness")
-    session.run("pytest", "-s", "packages/harness/slow_tests", *session.posargs,
+    session.run("pytest", "-s", "--durations=10", "packages/harness/slow_tests", *session.posargs,
                 env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"})
 
 
