@@ -168,8 +168,8 @@ class _Edge:
     # - words128 (W4A16, vdpbf16ps; bf16 tiles and bf16 GEMM): M=16 0.99 / 1.36, M=32 1.93 / 1.80,
     #   M=64 3.83 / 2.67, M=512 32.0 / 15.5 (F.linear on dense bf16 weights: 14.9);
     # - blocks32 (W4A8, int8 dots): M=128 10.2 / 17.9, M=512 42.5 / 47.6 (bf16 in); since its
-    #   codes are unpacked once per call from M=16 on AVX2 (rows_w4a8_unpacked), on a 2-core
-    #   AMD EPYC (Zen 3, AVX2) at M=512 the int8 loop runs 237 GFLOP/s against F.linear fp32's
+    #   codes are unpacked once per call from M=5 (and at M=3) on AVX2 (rows_w4a8_unpacked), on
+    #   a 2-core AMD EPYC (Zen 3, AVX2) at M=512 the int8 loop runs 237 GFLOP/s against F.linear fp32's
     #   149-167 on dense weights, so it serves every M: no GEMM path.
     # - nib128, lanes1k and stripes16 (W4A8 on AVX-512, int8 dots): one loop for every M, no
     #   GEMM path.

@@ -1461,7 +1461,7 @@ __attribute__((target("avx2,fma"))) void w4a8_row_tokens(const Weights& w, int64
 #endif
 
 #if defined(__x86_64__)
-// W4A8 prefill on AVX2 (M >= kU8MinM, below): each block of rows is unpacked once to unsigned bytes,
+// W4A8 past M=4 on AVX2 (M >= kU8MinM or M = 3, below): each block of rows is unpacked once to unsigned bytes,
 // one code per byte in the blocks32 order (byte 32b+i is code k=32b+i), then met by every
 // token. The unpack that dot_w4a8_avx2 repeats per block, row and 4 tokens (a broadcast, a
 // shift, a mask) happens once per row per call, and a tile of R rows x T tokens spends per
@@ -1558,16 +1558,26 @@ __attribute__((target("avx2,fma"))) void w4a8_zero_share(const Weights& w, int64
   }
 }
 
-// The prefill path of rows_w4a8 on AVX2, from kU8MinM tokens. Tasks of 64 rows, their unpacked
-// codes (64 x K bytes) kept in L2 and split over the threads; within one, tokens 16 at a time
-// against sub-blocks of 16 rows, in tiles of 2 rows x 4 tokens, so each row's codes are read
+// The path of rows_w4a8 on AVX2 from kU8MinM tokens and for 3 (batched decode and prefill).
+// Tasks of 64 rows, their unpacked codes (64 x K bytes) kept in L2 and split over the threads;
+// within one, tokens 16 at a time against sub-blocks of 16 rows, in tiles of 2 rows x 4
+// tokens, so each row's codes are read
 // by 16 tokens and each token's activations by 16 rows before either leaves L1. Measured on
 // a 2-core AMD EPYC (Zen 3, AVX2), qwen3-0.6b's four prefill shapes at M=512, g128, against
 // the 1 x 4 loop it replaces for M >= 16 (GFLOP/s, 2 threads, the same run): qkv 4096x1024
 // 216 / 169, o 1024x2048 245 / 181, gate_up 6144x1024 237 / 173, down 1024x3072 262 / 190.
 // Slicing K as well (1024 codes, to keep the tokens' activations in L1 at K=3072) measured the
 // same within this host's noise, so K is not sliced.
-constexpr int64_t kU8MinM = 16, kU8Rows = 64, kU8SubRows = 16, kU8Tokens = 16;
+//
+// The crossover with the register loop of rows_w4a8 (which unpacks each row's codes once per
+// pass of up to 4 tokens) measured on the same CPU, qwen3-0.6b's four shapes, g128, 2 threads,
+// 7 interleaved rounds of 200 back-to-back calls over cold weight copies: at M=2 and M=4 one
+// pass of the register loop serves every token and it wins (M=4: 0.36 / 0.37, 0.14 / 0.15,
+// 0.39 / 0.44, 0.17 / 0.22 ms, register / unpacked); at M=3 it takes two passes (a pair and
+// one) and loses (0.43 / 0.31, 0.17 / 0.16, 0.49 / 0.36, 0.21 / 0.19); from M=5 the unpacked
+// tiles win (M=8: 0.48 / 0.42, 0.23 / 0.22, 0.75 / 0.63, 0.34 / 0.29; M=12: 0.71 / 0.55,
+// 0.34 / 0.26, 1.16 / 0.86, 0.49 / 0.42). A prefetch in the unpack measured no difference.
+constexpr int64_t kU8MinM = 5, kU8Rows = 64, kU8SubRows = 16, kU8Tokens = 16;
 void rows_w4a8_unpacked(const Weights& w, const int8_t* xq, const float* sx, const float* xsum, int64_t m,
                         float* yp) {
   const int64_t blocks = w.k / kBlock;
@@ -1604,11 +1614,11 @@ void rows_w4a8_unpacked(const Weights& w, const int8_t* xq, const float* sx, con
 #endif
 
 // W4A8 (blocks32 codes): the activations quantized once per call, then y [M, N] in one parallel
-// region. One token: tasks of 4 rows that share each activation block. 2 to 15 tokens
+// region. One token: tasks of 4 rows that share each activation block. 2 or 4 tokens
 // (batched decode, where the codes stream from memory): blocks of rows whose codes fit in
 // ~8 KiB of L1, each met by the tokens 4 at a time, so each block of codes is unpacked once
-// per 4 tokens and a quad's activations are read from L1 by the whole block. From 16 tokens
-// on AVX2, rows_w4a8_unpacked (codes unpacked once per call).
+// per 4 tokens and a quad's activations are read from L1 by the whole block. 3 tokens and from
+// kU8MinM on AVX2: rows_w4a8_unpacked (codes unpacked once per call; crossover measured there).
 void rows_w4a8(const Weights& w, const float* xp, int64_t m, float* yp, int64_t isa) {
   thread_local std::vector<int8_t> xq_buf;
   thread_local std::vector<float> sx_buf, xsum_buf;
@@ -1618,7 +1628,7 @@ void rows_w4a8(const Weights& w, const float* xp, int64_t m, float* yp, int64_t 
   float* xsum = scratch(xsum_buf, m * w.groups);
   quantize_act_into(xp, m, w.k, w.group, xq, sx, xsum);
 #if defined(__x86_64__)
-  if (isa >= kAvx2 && m >= kU8MinM) {
+  if (isa >= kAvx2 && (m >= kU8MinM || m == 3)) {
     rows_w4a8_unpacked(w, xq, sx, xsum, m, yp);
     return;
   }
