@@ -383,8 +383,7 @@ def fidelity_crosscheck(session: nox.Session) -> None:
     (smollm2-135m, ~90 s). `edge-infer fidelity crosscheck --results
     docs/results/fidelity.jsonl` and `edge-infer bench crosscheck` record them."""
     sync(session, "edge-infer-harness")
-    session.run("pytest", "-s", "--durations=10", "packages/harness/slow_tests", *session.posargs,
-                env={**OFFLINE_ENV, "PYTHONUNBUFFERED": "1"})
+    pytest(session, "-s", "packages/harness/slow_tests")
 
 
 @nox.session(tags=["docs"])
