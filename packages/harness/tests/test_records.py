@@ -338,3 +338,35 @@ def test_a_ceiling_is_filled_in_only_from_one_measured_before_and_never_into_a_g
     assert early.extra["ceiling_from_report"]
     assert late.pct_ceiling is None and other.pct_ceiling is None  # none before it / its cores
     assert gemm.pct_ceiling is None
+
+
+def test_batched_decode_shows_each_machine_and_a_newer_run_replaces_only_its_own(tmp_path):
+    """`bench report`'s batched-decode table keeps the newest run of each CPU: an AVX2 run
+    after an AVX-512 one of the same test leaves the AVX-512 rows in place, each row names its
+    machine, and x B=1 is taken within one run."""
+    from edge_harness.record import append_record
+    from edge_harness.report.render import render
+
+    def step(run, isa, cpu_id, batch, ms):
+        return rec(engine="ours", quant="w4a8-head", model="qwen3-0.6b-random",
+                   test=f"batched_b{batch}_tg32", unit="ms/step", samples=[ms, ms * 1.1, ms * 0.9],
+                   n_gen=32, extra={"batch": batch}, run_id=run, isa=isa, cpu_id=cpu_id,
+                   cpu_model="AMD EPYC", timestamp=f"2026-12-0{run[-1]}T00:00:00Z")
+
+    path = tmp_path / "bench.jsonl"
+    for r in (step("run1", "avx512", "AuthenticAMD 25/17/1", 1, 20.0),
+              step("run1", "avx512", "AuthenticAMD 25/17/1", 8, 36.0),
+              step("run2", "avx2", "AuthenticAMD 25/1/1", 1, 30.0),
+              step("run2", "avx2", "AuthenticAMD 25/1/1", 8, 90.0),
+              step("run3", "avx2", "AuthenticAMD 25/1/1", 8, 80.0)):
+        append_record(path, r)
+    render(path, tmp_path / "out")
+    page = (tmp_path / "out" / "report.md").read_text()
+    table = page[page.index("## Batched decode"):]
+    rows = [line for line in table.splitlines() if line.startswith("| AMD EPYC")]
+    assert len(rows) == 4, rows  # both avx512 rows, avx2's B=1 and its newest B=8 (run3)
+    assert sum("(avx512, AuthenticAMD 25/17/1)" in line for line in rows) == 2
+    assert any("run3" in line for line in rows) and not any("| run2 |" in line and "| 8 |" in line
+                                                            for line in rows)
+    avx512_b8 = next(line for line in rows if "avx512" in line and "| 8 |" in line)
+    assert "| 1.80x |" in avx512_b8  # 36 / 20, within run1

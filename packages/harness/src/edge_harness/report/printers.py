@@ -47,7 +47,7 @@ def md_row(r: Record) -> list[str]:
 def md_table(header: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
     right = {i for i, h in enumerate(header) if h not in ("model", "engine", "quant", "test",
                                                           "guard", "layer", "impl", "pair", "method",
-                                                          "cores")}
+                                                          "cores", "machine")}
     lines = ["| " + " | ".join(header) + " |",
              "| " + " | ".join("---:" if i in right else "---" for i in range(len(header))) + " |"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

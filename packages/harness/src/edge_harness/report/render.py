@@ -14,6 +14,7 @@ from pathlib import Path
 
 from edge_harness.bench.crosscheck import KIND, TOLERANCE
 from edge_harness.bench.crosscheck import table as crosscheck_table
+from edge_harness.bench.merge import machine_id
 from edge_harness.record import Record, read_records
 from edge_harness.report.printers import GEMM_COLUMNS, MD_COLUMNS, gemm_row, is_gemm, md_row, md_table
 from edge_infer.api import latest as newest_per_key
@@ -167,8 +168,11 @@ def render(results: Path, out: Path) -> str:
     all_records = read_records(results)
     shown = latest(all_records)
     fill_ceiling(shown)
+    # per machine: a newer run on one CPU must not hide another CPU's rows of the same test
+    batched = newest_per_key((r for r in all_records if r.test.startswith("batched_")),
+                             key=lambda r: (machine_id(r), *r.key))
     out.mkdir(parents=True, exist_ok=True)
-    parts = [header(all_records, shown)]
+    parts = [header(all_records, shown + [r for r in batched if r not in shown])]
     ceilings = [r for r in shown if r.test == "ceiling"]
     if ceilings:
         parts.append("\n## Streaming-read ceiling\n\n" + md_table(
@@ -190,7 +194,6 @@ def render(results: Path, out: Path) -> str:
                      "calls it; `loop`: the same calls back to back from C++, as our fused "
                      "decoder-layer ops make them. % ceiling: of the same run's streaming "
                      "ceiling, decode-sized M only.\n\n" + md_table(GEMM_COLUMNS, rows))
-    batched = [r for r in shown if r.test.startswith("batched_")]
     if batched:
         parts.append("\n## Batched decode\n\n`edge-infer bench batched`: B sequences decoded "
                      "together after a 1-token prompt each; ours through vLLM, llama.cpp through "
@@ -240,19 +243,21 @@ def render(results: Path, out: Path) -> str:
 
 
 def batched_table(records: list[Record]) -> str:
+    """One row per record, each machine's rows together (its CPU and ISA named: a step time
+    says nothing without them); x B=1 within one engine and one run."""
     one = {(r.run_id, r.model, r.engine, r.quant, r.n_gen): r for r in records
            if r.extra.get("batch") == 1}
     rows = []
-    for r in sorted(records, key=lambda r: (r.model, r.engine, r.quant, r.n_gen or 0,
-                                            r.extra.get("batch", 0))):
+    for r in sorted(records, key=lambda r: (machine_id(r), r.model, r.engine, r.quant,
+                                            r.n_gen or 0, r.extra.get("batch", 0), r.timestamp)):
         b = r.extra.get("batch", 0)
         base = one.get((r.run_id, r.model, r.engine, r.quant, r.n_gen))
-        rows.append([r.model, r.engine, r.quant, str(b), str(r.n_gen),
-                     f"{r.median:.2f} ({min(r.samples):.2f}-{max(r.samples):.2f})",
+        rows.append([f"{r.cpu_model} ({r.isa}, {r.cpu_id})", r.model, r.engine, r.quant, str(b),
+                     str(r.n_gen), f"{r.median:.2f} ({min(r.samples):.2f}-{max(r.samples):.2f})",
                      f"{r.median / base.median:.2f}x" if base else "",
                      f"{b / r.median * 1e3:.1f}", r.guard, r.run_id])
-    return md_table(["model", "engine", "quant", "B", "steps", "ms per step", "x B=1", "tok/s",
-                     "guard", "run"], rows)
+    return md_table(["machine", "model", "engine", "quant", "B", "steps", "ms per step", "x B=1",
+                     "tok/s", "guard", "run"], rows)
 
 
 def plot(records: list[Record], out: Path) -> list[Path]:
