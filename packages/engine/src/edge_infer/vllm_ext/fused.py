@@ -16,8 +16,9 @@ path does not cover, run vLLM's (compiled) forward unchanged, which is also the 
 tests hold this path to.
 
 Covered: vLLM's Llama-family decoder layers (Llama, Qwen2 without QKV bias, Qwen3 with its
-q/k norms) whose linears all run our kernels (edge_w4), bf16 activations, NeoX rope, SiLU or
-exact GELU. `EDGE_INFER_FUSED_DECODE=0` turns it off (the ablation and the reference).
+q/k norms) whose linears all run our kernels (edge_w4), bf16 or fp32 activations (fp32 where
+the CPU has no bf16 arithmetic, as on AVX2), NeoX rope, SiLU or exact GELU.
+`EDGE_INFER_FUSED_DECODE=0` turns it off (the ablation and the reference).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class Layer:
     gate_up: Linear
     down: Linear
     act: int
-    gate_w: torch.Tensor | None  # per-head output gate (Spark-X2.5's g_proj), bf16 [nq, H]
+    gate_w: torch.Tensor | None  # per-head output gate (Spark-X2.5's g_proj), [nq, H]
 
     _views: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
@@ -141,9 +142,10 @@ class Layer:
 
     @classmethod
     def of(cls, layer: torch.nn.Module, i: int, tables: dict[int, torch.Tensor],
-           attention: bool = True) -> Layer:
+           dtype: torch.dtype, attention: bool = True) -> Layer:
         """Layer i's weights and attention constants; `tables` holds the rope tables made so
-        far, one per rope object (vLLM shares them between layers)."""
+        far, one per rope object (vLLM shares them between layers); `dtype` is the
+        activations'."""
         from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
         sa, mlp = layer.self_attn, layer.mlp
@@ -157,8 +159,8 @@ class Layer:
             # our Spark-X2.5 class keeps a copy of the weights (vLLM repacks the linear's own)
             gate_w = getattr(sa, "g_weight", None)
             if getattr(sa.g_proj, "bias", None) is not None or gate_w is None \
-                    or gate_w.dtype != torch.bfloat16:
-                raise Unsupported(f"layer {i}: the head gate is not a bf16 linear without bias")
+                    or gate_w.dtype != dtype:
+                raise Unsupported(f"layer {i}: the head gate is not a {dtype} linear without bias")
             gate_w = gate_w.contiguous()
             if gate_w.shape != (attn.num_heads, layer.input_layernorm.weight.shape[0]):
                 raise Unsupported(f"layer {i}: head gate of shape {tuple(gate_w.shape)}")
@@ -171,7 +173,7 @@ class Layer:
                 or impl.kv_sharing_target_layer_name is not None
                 or (attention and not hasattr(attn, "isa"))):
             raise Unsupported(f"layer {i}: attention other than decoder self-attention over a "
-                              f"bf16 cache")
+                              f"cache in the activations' dtype")
         rope = sa.rotary_emb
         if not (isinstance(rope, RotaryEmbedding) and rope.is_neox_style
                 and type(rope).forward_native is RotaryEmbedding.forward_native):
@@ -186,7 +188,7 @@ class Layer:
         # the eager model ropes in the activations' dtype with the table rounded to it
         cos_sin = tables.get(id(rope))
         if cos_sin is None:
-            cos_sin = tables[id(rope)] = rope.cos_sin_cache.to(torch.bfloat16).float().contiguous()
+            cos_sin = tables[id(rope)] = rope.cos_sin_cache.to(dtype).float().contiguous()
         return cls(ln1, eps1, Linear.of(qkv_proj, f"layer {i} qkv_proj"), q_norm, k_norm,
                    head_eps, cos_sin, int(rope.rotary_dim), attn, attn.layer_name,
                    getattr(attn, "isa", ""),
@@ -198,9 +200,10 @@ class Layer:
 
 
 class FusedDecode:
-    def __init__(self, inner: torch.nn.Module, layers: list[Layer]) -> None:
+    def __init__(self, inner: torch.nn.Module, layers: list[Layer], dtype: torch.dtype) -> None:
         self.inner = inner
         self.layers = layers
+        self.dtype = dtype
         a = layers[0].attn
         self.nq, self.nkv, self.d = a.num_heads, a.num_kv_heads, a.head_size
         self.q_size, self.kv_size = self.nq * self.d, self.nkv * self.d
@@ -221,11 +224,12 @@ class FusedDecode:
         if getattr(inner, "start_layer", 0) != 0 or getattr(inner, "end_layer", len(layers)) != len(layers):
             raise Unsupported("pipeline parallelism")
         dtype = getattr(getattr(inner.norm, "weight", None), "dtype", None)
-        if dtype != torch.bfloat16:
-            raise Unsupported(f"activations are {dtype}; the fused ops take bf16")
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise Unsupported(f"activations are {dtype}; the fused ops take bf16 or fp32")
         ops.load()
         tables: dict[int, torch.Tensor] = {}
-        built = cls(inner, [Layer.of(layer, i, tables, attention) for i, layer in enumerate(layers)])
+        built = cls(inner, [Layer.of(layer, i, tables, dtype, attention)
+                            for i, layer in enumerate(layers)], dtype)
         if any(lay.attn.num_heads != built.nq or lay.attn.num_kv_heads != built.nkv
                or lay.attn.head_size != built.d for lay in built.layers):
             raise Unsupported("layers differ in head counts")
@@ -239,7 +243,7 @@ class FusedDecode:
             return None
         slots = ctx.slot_mapping
         residual = self.inner.embed_input_ids(input_ids)
-        if residual.dtype != torch.bfloat16:
+        if residual.dtype != self.dtype:
             return None
         residual = residual.reshape(-1, residual.shape[-1]).clone()
         positions = positions.reshape(-1)

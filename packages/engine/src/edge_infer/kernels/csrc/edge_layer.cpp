@@ -8,8 +8,10 @@
 // (inductor's kernels and vLLM's wrappers) each one cost more in dispatch than in arithmetic.
 // Here they run in the same call as the 4-bit GEMVs (edge_w4_linear, csrc/edge_w4.cpp) that
 // need them. Rows (tokens) are independent; the arithmetic is fp32, rounded to the
-// activations' bf16 where the eager model rounds: the residual, the normed input of each
-// GEMV, q and k after rope, and the activation product.
+// activations' dtype where the eager model rounds: the residual, the normed input of each
+// GEMV, q and k after rope, and the activation product. The activations are bf16 (where the
+// CPU multiplies bf16) or fp32 (AVX2 without it): each op is a template on that type, and for
+// fp32 the rounding is the identity.
 #include <torch/extension.h>
 
 #include <immintrin.h>
@@ -18,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 // csrc/edge_w4.cpp: the op edge_w4::linear, as a plain function.
@@ -81,21 +84,48 @@ __attribute__((target("avx2,fma"))) float hsum_avx2(__m256 v) {
   return _mm_cvtss_f32(x);
 }
 
-// sum_i a[i] b[i], bf16 inputs, fp32 sums
-__attribute__((target("avx2,fma"))) float dot_bf16_avx2(const bf16* a, const bf16* b, int64_t n) {
+// Eight activations of type T as fp32, and back: load, round to T (as T's constructor does),
+// store (the value already rounded).
+template <typename T>
+struct Vec;
+
+template <>
+struct Vec<bf16> {
+  __attribute__((target("avx2,fma"))) static __m256 load(const bf16* p) { return load_bf16_avx2(p); }
+  __attribute__((target("avx2,fma"))) static __m256 round(__m256 v) { return round_bf16_avx2(v); }
+  __attribute__((target("avx2,fma"))) static void store(bf16* p, __m256 v) { store_bf16_avx2(p, v); }
+};
+
+template <>
+struct Vec<float> {
+  __attribute__((target("avx2,fma"))) static __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  __attribute__((target("avx2,fma"))) static __m256 round(__m256 v) { return v; }
+  __attribute__((target("avx2,fma"))) static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+};
+
+// the op's activation type, and its name in errors
+template <typename T>
+constexpr c10::ScalarType kType = std::is_same_v<T, float> ? torch::kFloat : torch::kBFloat16;
+template <typename T>
+constexpr const char* kName = std::is_same_v<T, float> ? "fp32" : "bf16";
+
+// sum_i a[i] b[i], fp32 sums
+template <typename T>
+__attribute__((target("avx2,fma"))) float dot_avx2(const T* a, const T* b, int64_t n) {
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(load_bf16_avx2(a + i), load_bf16_avx2(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(load_bf16_avx2(a + i + 8), load_bf16_avx2(b + i + 8), acc1);
+    acc0 = _mm256_fmadd_ps(Vec<T>::load(a + i), Vec<T>::load(b + i), acc0);
+    acc1 = _mm256_fmadd_ps(Vec<T>::load(a + i + 8), Vec<T>::load(b + i + 8), acc1);
   }
   float sum = hsum_avx2(_mm256_add_ps(acc0, acc1));
   for (; i < n; ++i) sum += static_cast<float>(a[i]) * static_cast<float>(b[i]);
   return sum;
 }
 
-float dot_bf16(const bf16* a, const bf16* b, int64_t n) {
-  if (has_avx2()) return dot_bf16_avx2(a, b, n);
+template <typename T>
+float dot(const T* a, const T* b, int64_t n) {
+  if (has_avx2()) return dot_avx2(a, b, n);
   float sum = 0.f;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<float>(a[i]) * static_cast<float>(b[i]);
   return sum;
@@ -109,57 +139,62 @@ torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& q, const torch:
   return edge_w4_linear(x, q, s, z, meta[0], meta[1], meta[2], meta[3], meta[4]);
 }
 
+template <typename T>
 void check_rows(const torch::Tensor& t, int64_t cols, const char* what) {
-  TORCH_CHECK(t.dim() == 2 && t.size(1) == cols && t.is_contiguous() && t.scalar_type() == torch::kBFloat16,
-              "edge_w4: ", what, " must be contiguous bf16 [M, ", cols, "]");
+  TORCH_CHECK(t.dim() == 2 && t.size(1) == cols && t.is_contiguous() && t.scalar_type() == kType<T>,
+              "edge_w4: ", what, " must be contiguous ", kName<T>, " [M, ", cols, "]");
 }
 
 // residual += x (x may be absent: the first layer's residual is the embedding), then
-// out = bf16(rmsnorm(residual) * w). The sum is rounded to bf16 before it is normed, as the
-// eager model keeps its residual stream in bf16.
-void add_rms_portable(const bf16* x, bf16* res, const float* w, double eps, int64_t k, bf16* out) {
+// out = T(rmsnorm(residual) * w). The sum is rounded to T before it is normed, as the
+// eager model keeps its residual stream in T.
+template <typename T>
+void add_rms_portable(const T* x, T* res, const float* w, double eps, int64_t k, T* out) {
   float sq = 0.f;
   for (int64_t i = 0; i < k; ++i) {
-    res[i] = bf16(static_cast<float>(res[i]) + (x ? static_cast<float>(x[i]) : 0.f));
+    res[i] = T(static_cast<float>(res[i]) + (x ? static_cast<float>(x[i]) : 0.f));
     const float r = static_cast<float>(res[i]);
     sq += r * r;
   }
   const float scale = 1.f / std::sqrt(sq / static_cast<float>(k) + static_cast<float>(eps));
-  for (int64_t i = 0; i < k; ++i) out[i] = bf16(static_cast<float>(res[i]) * scale * w[i]);
+  for (int64_t i = 0; i < k; ++i) out[i] = T(static_cast<float>(res[i]) * scale * w[i]);
 }
 
-__attribute__((target("avx2,fma"))) void add_rms_avx2(const bf16* x, bf16* res, const float* w,
-                                                        double eps, int64_t k, bf16* out) {
+template <typename T>
+__attribute__((target("avx2,fma"))) void add_rms_avx2(const T* x, T* res, const float* w, double eps,
+                                                        int64_t k, T* out) {
   __m256 sq = _mm256_setzero_ps();
   for (int64_t i = 0; i < k; i += 8) {
-    __m256 r = load_bf16_avx2(res + i);
-    if (x) r = round_bf16_avx2(_mm256_add_ps(r, load_bf16_avx2(x + i)));
-    store_bf16_avx2(res + i, r);
+    __m256 r = Vec<T>::load(res + i);
+    if (x) r = Vec<T>::round(_mm256_add_ps(r, Vec<T>::load(x + i)));
+    Vec<T>::store(res + i, r);
     sq = _mm256_fmadd_ps(r, r, sq);
   }
   const __m256 scale = _mm256_set1_ps(1.f / std::sqrt(hsum_avx2(sq) / static_cast<float>(k) + static_cast<float>(eps)));
   for (int64_t i = 0; i < k; i += 8) {
-    const __m256 v = _mm256_mul_ps(_mm256_mul_ps(load_bf16_avx2(res + i), scale), _mm256_loadu_ps(w + i));
-    store_bf16_avx2(out + i, round_bf16_avx2(v));
+    const __m256 v = _mm256_mul_ps(_mm256_mul_ps(Vec<T>::load(res + i), scale), _mm256_loadu_ps(w + i));
+    Vec<T>::store(out + i, Vec<T>::round(v));
   }
 }
 
-void add_rms(const bf16* x, bf16* res, const float* w, double eps, int64_t k, bf16* out) {
+template <typename T>
+void add_rms(const T* x, T* res, const float* w, double eps, int64_t k, T* out) {
   if (has_avx2() && k % 8 == 0) return add_rms_avx2(x, res, w, eps, k, out);
   add_rms_portable(x, res, w, eps, k, out);
 }
 
 // In place on one head of `d` values: optional RMS norm (weight w), then NeoX rope over the
 // first `rot` dims (cos/sin: rot/2 each).
-void head_norm_rope(bf16* h, int64_t d, const float* w, double eps, const float* cos,
-                    const float* sin, int64_t rot) {
+template <typename T>
+void head_norm_rope(T* h, int64_t d, const float* w, double eps, const float* cos, const float* sin,
+                    int64_t rot) {
   float v[1024];
   for (int64_t i = 0; i < d; ++i) v[i] = static_cast<float>(h[i]);
   if (w != nullptr) {
     double sq = 0.0;
     for (int64_t i = 0; i < d; ++i) sq += static_cast<double>(v[i]) * v[i];
     const float scale = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
-    for (int64_t i = 0; i < d; ++i) v[i] = static_cast<float>(bf16(v[i] * scale * w[i]));
+    for (int64_t i = 0; i < d; ++i) v[i] = static_cast<float>(T(v[i] * scale * w[i]));
   }
   const int64_t half = rot / 2;
   for (int64_t i = 0; i < half; ++i) {
@@ -167,7 +202,7 @@ void head_norm_rope(bf16* h, int64_t d, const float* w, double eps, const float*
     v[i] = a * cos[i] - b * sin[i];
     v[i + half] = b * cos[i] + a * sin[i];
   }
-  for (int64_t i = 0; i < d; ++i) h[i] = bf16(v[i]);
+  for (int64_t i = 0; i < d; ++i) h[i] = T(v[i]);
 }
 
 const float* f32_or_null(const c10::optional<torch::Tensor>& t, int64_t n, const char* what) {
@@ -179,10 +214,11 @@ const float* f32_or_null(const c10::optional<torch::Tensor>& t, int64_t n, const
 
 // residual [M, H] (updated in place), x [M, H] or absent -> qkv [M, (nq + 2 nkv) d] with q and
 // k normed per head (when q_norm/k_norm are given) and rotated at `positions`; and, when
-// gate_w (bf16 [nq, H], an unquantized per-head output gate) is given, the gates
-// sigmoid(gate_w h) [M, nq] bf16 (else an empty tensor).
+// gate_w (T [nq, H], an unquantized per-head output gate) is given, the gates
+// sigmoid(gate_w h) [M, nq] T (else an empty tensor). T is the residual's dtype.
 // cos_sin: fp32 [max_position, rot] (cos then sin, vLLM's cos_sin_cache).
-std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c10::optional<torch::Tensor>& x,
+template <typename T>
+std::tuple<torch::Tensor, torch::Tensor> attn_in_t(torch::Tensor residual, const c10::optional<torch::Tensor>& x,
                       const torch::Tensor& ln, double eps, const torch::Tensor& wq,
                       const torch::Tensor& ws, const c10::optional<torch::Tensor>& wz,
                       c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
@@ -190,9 +226,9 @@ std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c
                       const torch::Tensor& cos_sin, const torch::Tensor& positions, int64_t nq,
                       int64_t nkv, int64_t d, int64_t rot, const c10::optional<torch::Tensor>& gate_w) {
   const int64_t m = residual.size(0), hidden = residual.size(1);
-  check_rows(residual, hidden, "residual");
+  check_rows<T>(residual, hidden, "residual");
   if (x.has_value()) {
-    check_rows(*x, hidden, "x");
+    check_rows<T>(*x, hidden, "x");
     TORCH_CHECK(x->size(0) == m, "edge_w4: x and residual differ in rows");
   }
   TORCH_CHECK(d <= 1024 && rot <= d && rot % 2 == 0, "edge_w4: head size ", d, " / rotary ", rot);
@@ -206,35 +242,35 @@ std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c
   const float* kw = f32_or_null(k_norm, d, "k_norm");
 
   auto h = torch::empty({m, hidden}, residual.options());
-  const bf16* xp = x.has_value() ? x->data_ptr<bf16>() : nullptr;
+  const T* xp = x.has_value() ? x->data_ptr<T>() : nullptr;
   for (int64_t r = 0; r < m; ++r) {
-    add_rms(xp ? xp + r * hidden : nullptr, residual.data_ptr<bf16>() + r * hidden, lw, eps, hidden,
-            h.data_ptr<bf16>() + r * hidden);
+    add_rms(xp ? xp + r * hidden : nullptr, residual.data_ptr<T>() + r * hidden, lw, eps, hidden,
+            h.data_ptr<T>() + r * hidden);
   }
   torch::Tensor gates = torch::empty({0}, residual.options());
   if (gate_w.has_value()) {
-    check_rows(*gate_w, hidden, "gate_w");
+    check_rows<T>(*gate_w, hidden, "gate_w");
     TORCH_CHECK(gate_w->size(0) == nq, "edge_w4: gate_w must have one row per query head");
     gates = torch::empty({m, nq}, residual.options());
-    const bf16* gw = gate_w->data_ptr<bf16>();
+    const T* gw = gate_w->data_ptr<T>();
     for (int64_t r = 0; r < m; ++r) {
-      const bf16* hr = h.data_ptr<bf16>() + r * hidden;
+      const T* hr = h.data_ptr<T>() + r * hidden;
       for (int64_t j = 0; j < nq; ++j) {
-        const float logit = static_cast<float>(bf16(dot_bf16(hr, gw + j * hidden, hidden)));  // bf16, as the eager linear
-        gates.data_ptr<bf16>()[r * nq + j] = bf16(1.f / (1.f + std::exp(-logit)));
+        const float logit = static_cast<float>(T(dot(hr, gw + j * hidden, hidden)));  // T, as the eager linear
+        gates.data_ptr<T>()[r * nq + j] = T(1.f / (1.f + std::exp(-logit)));
       }
     }
   }
   auto qkv = apply(h, wq, ws, wz, meta);
   const int64_t width = (nq + 2 * nkv) * d;
-  check_rows(qkv, width, "qkv");
+  check_rows<T>(qkv, width, "qkv");
   const auto pos = positions.contiguous();
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t max_pos = cos_sin.size(0);
   for (int64_t r = 0; r < m; ++r) {
     TORCH_CHECK(pp[r] >= 0 && pp[r] < max_pos, "edge_w4: position ", pp[r], " outside the rope table");
     const float* cs = cos_sin.data_ptr<float>() + pp[r] * rot;
-    bf16* row = qkv.data_ptr<bf16>() + r * width;
+    T* row = qkv.data_ptr<T>() + r * width;
     for (int64_t hd = 0; hd < nq; ++hd) head_norm_rope(row + hd * d, d, qw, head_eps, cs, cs + rot / 2, rot);
     for (int64_t hd = 0; hd < nkv; ++hd) {
       head_norm_rope(row + (nq + hd) * d, d, kw, head_eps, cs, cs + rot / 2, rot);
@@ -248,11 +284,12 @@ inline float act_of(float g, int64_t act) {
   return 0.5f * g * (1.f + std::erf(g * 0.70710678118654752f));      // exact GELU
 }
 
-// out[i] = bf16(bf16(act(gate[i])) * up[i]), the eager rounding (act(gate) is rounded to bf16
-// before the product).
-void act_mul_portable(const bf16* gate, const bf16* up, int64_t f, int64_t act, bf16* out) {
+// out[i] = T(T(act(gate[i])) * up[i]), the eager rounding (act(gate) is rounded to T before
+// the product).
+template <typename T>
+void act_mul_portable(const T* gate, const T* up, int64_t f, int64_t act, T* out) {
   for (int64_t i = 0; i < f; ++i) {
-    out[i] = bf16(static_cast<float>(bf16(act_of(static_cast<float>(gate[i]), act))) * static_cast<float>(up[i]));
+    out[i] = T(static_cast<float>(T(act_of(static_cast<float>(gate[i]), act))) * static_cast<float>(up[i]));
   }
 }
 
@@ -279,26 +316,29 @@ __attribute__((target("avx2,fma"))) __m256 silu_avx2(__m256 g) {
   return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.f), exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), g))));
 }
 
-__attribute__((target("avx2,fma"))) void act_mul_avx2(const bf16* gate, const bf16* up, int64_t f,
-                                                        int64_t act, bf16* out) {
+template <typename T>
+__attribute__((target("avx2,fma"))) void act_mul_avx2(const T* gate, const T* up, int64_t f, int64_t act,
+                                                        T* out) {
   int64_t i = 0;
   for (; i + 8 <= f; i += 8) {
-    const __m256 g = load_bf16_avx2(gate + i);
-    const __m256 a = round_bf16_avx2(act == 0 ? silu_avx2(g) : gelu_avx2(g));
-    store_bf16_avx2(out + i, round_bf16_avx2(_mm256_mul_ps(a, load_bf16_avx2(up + i))));
+    const __m256 g = Vec<T>::load(gate + i);
+    const __m256 a = Vec<T>::round(act == 0 ? silu_avx2(g) : gelu_avx2(g));
+    Vec<T>::store(out + i, Vec<T>::round(_mm256_mul_ps(a, Vec<T>::load(up + i))));
   }
   act_mul_portable(gate + i, up + i, f - i, act, out + i);
 }
 
-void act_mul(const bf16* gate, const bf16* up, int64_t f, int64_t act, bf16* out) {
+template <typename T>
+void act_mul(const T* gate, const T* up, int64_t f, int64_t act, T* out) {
   if (has_avx2()) return act_mul_avx2(gate, up, f, act, out);
   act_mul_portable(gate, up, f, act, out);
 }
 
 // attn [M, A] -> o = W_o attn; residual += o; h = rmsnorm(residual) * ln;
-// gu = W_gate_up h ([gate; up], F each); returns W_down (act(gate) * up), [M, H] bf16.
-// act: 0 SiLU, 1 exact (erf) GELU.
-torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const torch::Tensor& oq,
+// gu = W_gate_up h ([gate; up], F each); returns W_down (act(gate) * up), [M, H] T (the
+// residual's dtype). act: 0 SiLU, 1 exact (erf) GELU.
+template <typename T>
+torch::Tensor mlp_out_t(torch::Tensor residual, const torch::Tensor& attn, const torch::Tensor& oq,
                       const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
                       c10::IntArrayRef ometa, const torch::Tensor& ln, double eps,
                       const torch::Tensor& gq, const torch::Tensor& gs,
@@ -307,42 +347,79 @@ torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const t
                       const c10::optional<torch::Tensor>& dz, c10::IntArrayRef dmeta, int64_t act,
                       const c10::optional<torch::Tensor>& head_gate) {
   const int64_t m = residual.size(0), hidden = residual.size(1);
-  check_rows(residual, hidden, "residual");
+  check_rows<T>(residual, hidden, "residual");
   TORCH_CHECK(act == 0 || act == 1, "edge_w4: activation must be 0 (silu) or 1 (gelu)");
   const float* lw = f32_or_null(ln, hidden, "the post-attention norm weight");
   auto in = attn.contiguous();
+  check_rows<T>(in, in.size(1), "attn");
   if (head_gate.has_value() && head_gate->numel() > 0) {
-    // attention output per head times its gate, rounded to bf16 as the eager product
+    // attention output per head times its gate, rounded to T as the eager product
     const int64_t heads = head_gate->size(1), width = in.size(1);
-    check_rows(*head_gate, heads, "head_gate");
+    check_rows<T>(*head_gate, heads, "head_gate");
     TORCH_CHECK(head_gate->size(0) == m && width % heads == 0, "edge_w4: head_gate does not fit attn");
     in = in.clone();
     const int64_t d = width / heads;
-    bf16* p = in.data_ptr<bf16>();
-    const bf16* g = head_gate->data_ptr<bf16>();
+    T* p = in.data_ptr<T>();
+    const T* g = head_gate->data_ptr<T>();
     for (int64_t r = 0; r < m; ++r) {
       for (int64_t j = 0; j < width; ++j) {
-        p[r * width + j] = bf16(static_cast<float>(p[r * width + j]) * static_cast<float>(g[r * heads + j / d]));
+        p[r * width + j] = T(static_cast<float>(p[r * width + j]) * static_cast<float>(g[r * heads + j / d]));
       }
     }
   }
   auto o = apply(in, oq, os, oz, ometa);
-  check_rows(o, hidden, "o_proj output");
+  check_rows<T>(o, hidden, "o_proj output");
   auto h = torch::empty({m, hidden}, residual.options());
   for (int64_t r = 0; r < m; ++r) {
-    add_rms(o.data_ptr<bf16>() + r * hidden, residual.data_ptr<bf16>() + r * hidden, lw, eps, hidden,
-            h.data_ptr<bf16>() + r * hidden);
+    add_rms(o.data_ptr<T>() + r * hidden, residual.data_ptr<T>() + r * hidden, lw, eps, hidden,
+            h.data_ptr<T>() + r * hidden);
   }
   auto gu = apply(h, gq, gs, gz, gmeta);
   TORCH_CHECK(gu.size(1) % 2 == 0, "edge_w4: gate_up width must be even");
   const int64_t f = gu.size(1) / 2;
-  check_rows(gu, 2 * f, "gate_up output");
+  check_rows<T>(gu, 2 * f, "gate_up output");
   auto a = torch::empty({m, f}, residual.options());
   for (int64_t r = 0; r < m; ++r) {
-    const bf16* g = gu.data_ptr<bf16>() + r * 2 * f;
-    act_mul(g, g + f, f, act, a.data_ptr<bf16>() + r * f);
+    const T* g = gu.data_ptr<T>() + r * 2 * f;
+    act_mul(g, g + f, f, act, a.data_ptr<T>() + r * f);
   }
   return apply(a, dq, ds, dz, dmeta);
+}
+
+// The op's body for the residual's dtype: f(T{}) with T bf16 or float.
+template <typename F>
+auto by_dtype(const torch::Tensor& residual, F&& f) {
+  if (residual.scalar_type() == torch::kFloat) return f(float{});
+  TORCH_CHECK(residual.scalar_type() == torch::kBFloat16, "edge_w4: the fused ops take bf16 or fp32 "
+              "activations, not ", residual.scalar_type());
+  return f(bf16{});
+}
+
+std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c10::optional<torch::Tensor>& x,
+                      const torch::Tensor& ln, double eps, const torch::Tensor& wq,
+                      const torch::Tensor& ws, const c10::optional<torch::Tensor>& wz,
+                      c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
+                      const c10::optional<torch::Tensor>& k_norm, double head_eps,
+                      const torch::Tensor& cos_sin, const torch::Tensor& positions, int64_t nq,
+                      int64_t nkv, int64_t d, int64_t rot, const c10::optional<torch::Tensor>& gate_w) {
+  return by_dtype(residual, [&](auto t) {
+    return attn_in_t<decltype(t)>(residual, x, ln, eps, wq, ws, wz, meta, q_norm, k_norm, head_eps,
+                                  cos_sin, positions, nq, nkv, d, rot, gate_w);
+  });
+}
+
+torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const torch::Tensor& oq,
+                      const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
+                      c10::IntArrayRef ometa, const torch::Tensor& ln, double eps,
+                      const torch::Tensor& gq, const torch::Tensor& gs,
+                      const c10::optional<torch::Tensor>& gz, c10::IntArrayRef gmeta,
+                      const torch::Tensor& dq, const torch::Tensor& ds,
+                      const c10::optional<torch::Tensor>& dz, c10::IntArrayRef dmeta, int64_t act,
+                      const c10::optional<torch::Tensor>& head_gate) {
+  return by_dtype(residual, [&](auto t) {
+    return mlp_out_t<decltype(t)>(residual, attn, oq, os, oz, ometa, ln, eps, gq, gs, gz, gmeta, dq,
+                                  ds, dz, dmeta, act, head_gate);
+  });
 }
 
 // vLLM's CPU attention ops (its _C library, loaded by vLLM before any model runs), called
