@@ -189,12 +189,40 @@ def test_ratios_never_span_two_runs():
     old = [rec("r1", "ours", "w4a16", 10.0), rec("r1", "llama.cpp", "q4_k_m", 40.0)]
     new = [rec("r2", "llama.cpp", "q4_k_m", 50.0), rec("r2", "ours", "w4a16-head", 20.0)]
     everything = old + new
-    rows = {r[2]: r for r in ratio_rows(latest(everything), everything)}
-    assert rows["ours w4a16 / llama.cpp q4_k_m"][3:6] == ["10.00", "40.00", "**0.25x** slower"]
-    assert rows["ours w4a16-head / llama.cpp q4_k_m"][3:6] == ["20.00", "50.00", "**0.40x** slower"]
+    rows = {r[3]: r for r in ratio_rows(latest(everything), everything)}
+    assert rows["ours w4a16 / llama.cpp q4_k_m"][4:7] == ["10.00", "40.00", "**0.25x** slower"]
+    assert rows["ours w4a16-head / llama.cpp q4_k_m"][4:7] == ["20.00", "50.00", "**0.40x** slower"]
     # without the pool, the old ours record has no partner in the newest records: no row
-    assert "ours w4a16 / llama.cpp q4_k_m" not in {r[2] for r in ratio_rows(latest(everything))}
+    assert "ours w4a16 / llama.cpp q4_k_m" not in {r[3] for r in ratio_rows(latest(everything))}
 
+
+
+def test_each_machine_keeps_its_own_newest_ratio():
+    """A newer run on another CPU must not replace a CPU's ratio: the table keeps the newest
+    pair of each machine and names it (an AVX2 ratio is not an AVX-512 one)."""
+    from edge_harness.report.render import latest_per_machine, ratio_rows
+
+    def rec(run, cpu, flags, engine, tok_s, ts):
+        return Record(engine=engine, engine_version="v", model="m", quant="w4a8-head" if
+                      engine == "ours" else "q4_k_m", test="pp512", samples=[tok_s], threads=2,
+                      run_id=run, cpu_model="EPYC", cpu_id=cpu, isa=flags[-1], cpu_flags=flags,
+                      timestamp=ts)
+
+    zen4 = [rec("r1", "25/17/1", ["avx2", "avx512"], "ours", 160.0, "2026-12-03T00:00:00Z"),
+            rec("r1", "25/17/1", ["avx2", "avx512"], "llama-bench", 80.0, "2026-12-03T00:00:01Z")]
+    zen3 = [rec("r2", "25/1/1", ["avx2"], "ours", 60.0, "2026-12-07T00:00:00Z"),
+            rec("r2", "25/1/1", ["avx2"], "llama-bench", 40.0, "2026-12-07T00:00:01Z")]
+    everything = zen4 + zen3
+    rows = ratio_rows(latest_per_machine(everything), everything)
+    assert sorted((r[1], r[6]) for r in rows) == [
+        ("EPYC (avx2, 25/1/1)", "**1.50x** faster"), ("EPYC (avx512, 25/17/1)", "**2.00x** faster")]
+    # a newer run on the same machine does replace its own pair
+    zen3b = [rec("r3", "25/1/1", ["avx2"], "ours", 50.0, "2026-12-08T00:00:00Z"),
+             rec("r3", "25/1/1", ["avx2"], "llama-bench", 50.0, "2026-12-08T00:00:01Z")]
+    rows = ratio_rows(latest_per_machine(everything + zen3b), everything + zen3b)
+    assert sorted((r[1], r[6]) for r in rows) == [
+        ("EPYC (avx2, 25/1/1)", "**1.00x** within noise"),
+        ("EPYC (avx512, 25/17/1)", "**2.00x** faster")]
 
 
 def test_a_run_with_llama_bench_pairs_ours_with_llama_bench_not_our_runner():
@@ -206,9 +234,9 @@ def test_a_run_with_llama_bench_pairs_ours_with_llama_bench_not_our_runner():
 
     run = [rec("ours", "w4a16", 30.0), rec("llama.cpp", "q4_k_m", 40.0),
            rec("llama-bench", "q4_k_m", 60.0)]
-    rows = {r[2]: r for r in ratio_rows(latest(run), run)}
+    rows = {r[3]: r for r in ratio_rows(latest(run), run)}
     assert list(rows) == ["ours w4a16 / llama-bench q4_k_m"]
-    assert rows["ours w4a16 / llama-bench q4_k_m"][3:6] == ["30.00", "60.00", "**0.50x** slower"]
+    assert rows["ours w4a16 / llama-bench q4_k_m"][4:7] == ["30.00", "60.00", "**0.50x** slower"]
 
 def test_a_build_variant_is_its_own_measurement_and_never_pairs_as_the_build():
     """`ours:w4a8-head@act_dtype=bfloat16` in the same run as `ours:w4a8-head`: the newest-record
@@ -225,8 +253,8 @@ def test_a_build_variant_is_its_own_measurement_and_never_pairs_as_the_build():
     shown = latest(run)
     assert sorted(r.build for r in shown if r.engine == "ours") == [
         "w4a8-head", "w4a8-head@act_dtype=bfloat16"]
-    rows = {r[2]: r for r in ratio_rows(shown, run)}
-    assert rows["ours w4a8-head / llama-bench q4_k_m"][3:6] == ["20.00", "40.00", "**0.50x** slower"]
+    rows = {r[3]: r for r in ratio_rows(shown, run)}
+    assert rows["ours w4a8-head / llama-bench q4_k_m"][4:7] == ["20.00", "40.00", "**0.50x** slower"]
     # llama-bench's JSON names the variant too, so two rows of one run never read as one build
     from edge_harness.report.printers import llama_bench_fields
 

@@ -26,6 +26,11 @@ def machine_id(r: Record) -> str:
     return f"{r.isa or 'unknown'}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
 
 
+def machine_key(r: Record) -> tuple:
+    """A measurement on one machine: a newer run on another CPU never replaces it."""
+    return (machine_id(r), *r.key)
+
+
 def collect(paths: list[Path]) -> list[Record]:
     """The bench records of every JSONL file named, or found (*.jsonl) in a folder named."""
     files: list[Path] = []
@@ -64,7 +69,7 @@ class Row:
 def rows(records: list[Record], baseline: str | None) -> list[Row]:
     """The newest record per machine and measurement, each with its ratio to the baseline
     build of the same machine (None where that machine has no such baseline)."""
-    newest = latest(records, lambda r: (machine_id(r), *r.key))
+    newest = latest(records, machine_key)
     base = {}
     for r in newest:
         if baseline and f"{r.engine}:{r.quant}" == baseline:

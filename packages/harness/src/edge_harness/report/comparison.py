@@ -21,21 +21,24 @@ from edge_harness.report.render import (
     fill_ceiling,
     is_speed,
     latest,
+    latest_per_machine,
+    machine_label,
     noise_verdict,
     ratio_table,
 )
 
 NOT_ESTABLISHED = """## What the comparisons do not establish
 
-- **Other CPUs.** Every figure here is from one 2-core AMD Zen 3 VM (AVX2, no AVX-512, no AMX)
-  that is shared with other work; the contention guard refused busy measurements, but a VM's
+- **Other CPUs.** Every figure here is from a 2-core VM shared with other work: an AMD Zen 3
+  (AVX2 only), an AMD with AVX-512 (VNNI, bf16) or an Intel Xeon, as each table's machine
+  column or line names; none had AMX. The contention guard refused busy measurements, but a VM's
   memory bandwidth and turbo behaviour vary between runs. Ratios measured in one interleaved run
   carry over better than absolute tok/s.
 - **ARM.** Nothing was measured on ARM (phones, Graviton, Apple): the phone path's `.pte` is
   timed on this x86 CPU only (the ExecuTorch section), and QNN figures are simulated unless a
   record says `measured: device`.
-- **AMX / AVX-512.** vLLM's own AMX/AVX-512 4-bit kernel and the seed's AMX figures are not
-  reproduced here; no lent machine with those units was available to these runs.
+- **AMX.** vLLM's own AMX 4-bit kernel and the seed's AMX figures are not reproduced here; no
+  CPU of these runs had AMX. The AVX-512 rows come from 2-core VMs, not from a server socket.
 - **Real weights for speed.** Speed is measured on random weights of real shapes (qwen3-0.6b,
   Spark-X2.5-1.7B) and on smollm2-135m; decode speed does not depend on the values, fidelity does.
 - **Fidelity of the formats in general.** The trained reference weights were already 4-bit
@@ -63,7 +66,7 @@ def speed_section(results: Path) -> str:
     if not path.is_file():
         return "## Speed\n\n(no bench.jsonl: run `nox -s bench-x86`)\n"
     everything = read_records(path)
-    shown = latest(everything)
+    shown = latest_per_machine(everything)  # a newer run on one CPU hides no other CPU's
     fill_ceiling(shown)
     speed = [r for r in shown if is_speed(r)]
     if not speed:
@@ -80,20 +83,23 @@ def speed_section(results: Path) -> str:
              f"interleaved; contention guard: {', '.join(guard)}.", "",
              f"Versions: {'; '.join(versions)}.", "",
              "Commands: " + "; ".join(f"`{c}`" for c in commands), "",
-             "Each ratio pairs the newest record of ours with llama.cpp's record from the same "
-             "run (interleaved, same machine state); a pair never spans two runs. llama.cpp is "
+             "Each ratio pairs the newest record of ours on each machine with llama.cpp's record "
+             "from the same run (interleaved, same machine state); a pair never spans two runs. "
+             "llama.cpp is "
              "timed by llama-bench itself where the run did so (engine llama-bench), else by our "
              "llama.cpp runner.", "",
              ratio_table(shown, everything), "",
              "Decode against the streaming-read ceiling (achieved GB/s = bytes of weights read per "
              "token x tok/s):", ""]
     tg = sorted((r for r in speed if r.test.startswith("tg") and r.achieved_gbs is not None),
-                key=lambda r: (r.model, r.engine, r.build))
+                key=lambda r: (r.model, machine_label(r), r.engine, r.build))
     lines.append(md_table(
-        ["model", "engine", "quant", "bits/weight", "tok/s (median)", "GB/s", "% of ceiling"],
+        ["model", "engine", "quant", "bits/weight", "tok/s (median)", "GB/s", "% of ceiling",
+         "machine"],
         [[r.model, r.engine, r.build, f"{r.bits_per_weight:.2f}" if r.bits_per_weight else "",
           f"{r.median:.2f}", f"{r.achieved_gbs:.2f}",
-          f"{r.pct_ceiling:.1f}" if r.pct_ceiling is not None else ""] for r in tg]))
+          f"{r.pct_ceiling:.1f}" if r.pct_ceiling is not None else "", machine_label(r)]
+         for r in tg]))
     return "\n".join(lines) + "\n"
 
 

@@ -9,12 +9,13 @@ llama.cpp) is also printed, since it is the number people ask for.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from pathlib import Path
 
 from edge_harness.bench.crosscheck import KIND, TOLERANCE
 from edge_harness.bench.crosscheck import table as crosscheck_table
-from edge_harness.bench.merge import machine_id
+from edge_harness.bench.merge import machine_id, machine_key
 from edge_harness.record import Record, read_records
 from edge_harness.report.printers import GEMM_COLUMNS, MD_COLUMNS, gemm_row, is_gemm, md_row, md_table
 from edge_infer.api import latest as newest_per_key
@@ -31,6 +32,17 @@ def latest(records: list[Record]) -> list[Record]:
     return newest_per_key(records, key=lambda r: r.key)
 
 
+def latest_per_machine(records: list[Record]) -> list[Record]:
+    """The newest record of each measurement on each machine: a newer run on one CPU never
+    hides another CPU's figure for the same test."""
+    return newest_per_key(records, key=machine_key)
+
+
+def machine_label(r: Record) -> str:
+    """A row's CPU as the tables name it (a tok/s says nothing without it)."""
+    return f"{r.cpu_model} ({r.isa}" + (f", {r.cpu_id})" if r.cpu_id else ")")
+
+
 def fill_ceiling(records: list[Record]) -> None:
     """Decode results of a run without a ceiling (`bench run --no-ceiling`) get the one that
     run would have reused: the newest ceiling of the same cores measured before them. A GEMM
@@ -40,7 +52,8 @@ def fill_ceiling(records: list[Record]) -> None:
     for r in records:
         if r.achieved_gbs is None or r.pct_ceiling is not None or is_gemm(r):
             continue
-        before = [c for c in ceilings if c.cores == r.cores and c.timestamp <= r.timestamp]
+        before = [c for c in ceilings if c.cores == r.cores and c.timestamp <= r.timestamp
+                  and machine_id(c) == machine_id(r)]
         if before:
             r.against_ceiling(max(before[-1].samples))
             r.extra["ceiling_from_report"] = True
@@ -61,55 +74,60 @@ def is_speed(r: Record) -> bool:
 
 
 def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[list[str]]:
-    """Ours / llama.cpp per model, pair and test. A ratio is formed only within one run (same
-    run_id: interleaved, same machine state): the newest ours record against the llama.cpp
-    record of that same run, looked up in `pool` (all records; default `records`)."""
+    """Ours / llama.cpp per machine, model, pair and test. A ratio is formed only within one
+    run (same run_id: interleaved, same machine state): the newest ours record of that machine
+    against the llama.cpp record of that same run, looked up in `pool` (all records; default
+    `records`). Each row names its machine."""
     # keyed by build (quant and options): a variant (`@act_dtype=...`) never stands in for
     # the build PAIRS names
-    newest = {(r.model, r.engine, r.build, r.test, r.threads): r for r in records if is_speed(r)}
+    newest = {(machine_id(r), r.model, r.engine, r.build, r.test, r.threads): r
+              for r in records if is_speed(r)}
     by_run = {(r.run_id, r.model, r.engine, r.build, r.test, r.threads): r
               for r in (pool or records) if is_speed(r)}
 
-    def pair(model, ours_q, llama_q, test, t):
-        a = newest.get((model, "ours", ours_q, test, t))
+    def pair(machine, model, ours_q, llama_q, test, t):
+        a = newest.get((machine, model, "ours", ours_q, test, t))
         b = next((by_run[k] for e in REFERENCE
                   if (k := (a.run_id, model, e, llama_q, test, t)) in by_run), None) if a else None
         return (a, b) if b else (None, None)
 
     rows = []
+    labels = {machine_id(r): machine_label(r) for r in records if is_speed(r)}
     models = sorted({r.model for r in records if is_speed(r)})
     threads = sorted({r.threads for r in records if is_speed(r)})
     tests = sorted({r.test for r in records if is_speed(r)}, key=lambda t: (t[:2] != "pp", t))
-    for model in models:
-        for t in threads:
-            for ours_q, llama_q in PAIRS:
-                cells = []
-                found = False
-                for test in tests:
-                    a, b = pair(model, ours_q, llama_q, test, t)
-                    if a and b:
-                        found = True
-                        cells += [f"{a.median:.2f}", f"{b.median:.2f}",
-                                  f"**{a.median / b.median:.2f}x** "
-                                  f"{noise_verdict(a.samples, b.samples)}"]
-                    else:
-                        cells += ["", "", ""]
-                if not found:
-                    continue
-                tg = [x for x in tests if x.startswith("tg")]
-                a, b = pair(model, ours_q, llama_q, tg[0], t) if tg else (None, None)
-                theirs = b.engine if b else "llama.cpp"
-                rows.append([model, str(t), f"ours {ours_q} / {theirs} {llama_q}", *cells,
-                             _pct(a), _pct(b)])
+    for model, machine, t, (ours_q, llama_q) in itertools.product(models, sorted(labels), threads,
+                                                                   PAIRS):
+        cells = []
+        found = False
+        for test in tests:
+            a, b = pair(machine, model, ours_q, llama_q, test, t)
+            if a and b:
+                found = True
+                cells += [f"{a.median:.2f}", f"{b.median:.2f}",
+                          f"**{a.median / b.median:.2f}x** "
+                          f"{noise_verdict(a.samples, b.samples)}"]
+            else:
+                cells += ["", "", ""]
+        if not found:
+            continue
+        tg = [x for x in tests if x.startswith("tg")]
+        a, b = pair(machine, model, ours_q, llama_q, tg[0], t) if tg else (None, None)
+        theirs = b.engine if b else "llama.cpp"
+        # each test's pair is of one run, but pp and tg may come from different runs
+        runs = sorted({x.run_id for test in tests
+                       for x in pair(machine, model, ours_q, llama_q, test, t) if x})
+        rows.append([model, labels[machine], str(t), f"ours {ours_q} / {theirs} {llama_q}",
+                     *cells, _pct(a), _pct(b), ", ".join(f"`{r}`" for r in runs)])
     return rows
 
 
 def ratio_header(records: list[Record]) -> list[str]:
     tests = sorted({r.test for r in records if is_speed(r)}, key=lambda t: (t[:2] != "pp", t))
-    head = ["model", "threads", "pair"]
+    head = ["model", "machine", "threads", "pair"]
     for test in tests:
         head += [f"ours {test}", f"llama.cpp {test}", f"ratio {test}"]
-    return head + ["ours % ceil", "llama.cpp % ceil"]
+    return head + ["ours % ceil", "llama.cpp % ceil", "run"]
 
 
 def _pct(r: Record | None) -> str:
@@ -169,10 +187,14 @@ def render(results: Path, out: Path) -> str:
     shown = latest(all_records)
     fill_ceiling(shown)
     # per machine: a newer run on one CPU must not hide another CPU's rows of the same test
+    # (the ratio table and batched decode; the per-model tables, GEMM and plots show the
+    # newest record of each measurement, whichever machine ran it)
+    per_machine = [r for r in latest_per_machine(all_records) if is_speed(r)]
+    fill_ceiling(per_machine)
     batched = newest_per_key((r for r in all_records if r.test.startswith("batched_")),
-                             key=lambda r: (machine_id(r), *r.key))
+                             key=machine_key)
     out.mkdir(parents=True, exist_ok=True)
-    parts = [header(all_records, shown + [r for r in batched if r not in shown])]
+    parts = [header(all_records, shown + [r for r in per_machine + batched if r not in shown])]
     ceilings = [r for r in shown if r.test == "ceiling"]
     if ceilings:
         parts.append("\n## Streaming-read ceiling\n\n" + md_table(
@@ -185,7 +207,7 @@ def render(results: Path, out: Path) -> str:
                       key=lambda r: (r.threads, r.test[:2] != "pp", r.test, r.engine, r.quant))
         parts.append(f"\n## {model}\n\n" + md_table(MD_COLUMNS, [md_row(r) for r in rows]))
     parts.append("\n## Ours / llama.cpp (medians, tok/s; each ratio within one run)\n\n"
-                 + ratio_table(shown, all_records))
+                 "The newest pair of each machine.\n\n" + ratio_table(per_machine, all_records))
     gemm = [r for r in shown if is_gemm(r)]
     if gemm:
         rows = [gemm_row(r) for r in sorted(gemm, key=lambda r: (
@@ -239,7 +261,7 @@ def render(results: Path, out: Path) -> str:
     if plots:
         parts.append("\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n" for p in plots))
     (out / "report.md").write_text("".join(parts))
-    return ratio_table(shown, all_records)
+    return ratio_table(per_machine, all_records)
 
 
 def batched_table(records: list[Record]) -> str:
