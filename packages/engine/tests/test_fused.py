@@ -150,8 +150,10 @@ def test_fused_decode_scores_like_the_unfused_forward(smollm2, tmp_path, monkeyp
         ids = engine.get_tokenizer()(PROMPT)["input_ids"]
         diffs, steps = decode_against_scoring(engine, ids, 24)
         assert steps >= 23  # every step after the prompt's
-        # measured 0.03 mean in bf16 (the compiled unfused decode: 0.02)
-        assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.5, diffs
+        # measured in bf16: 0.03 mean (the compiled unfused decode: 0.02); in fp32 the two
+        # forwards differ only in summation order: 5e-6 mean, 3e-5 at most
+        mean, worst = (0.1, 0.5) if dtype == "bfloat16" else (1e-3, 1e-2)
+        assert sum(diffs) / len(diffs) < mean and max(diffs) < worst, diffs
     finally:
         del engine
         gc.collect()
