@@ -48,12 +48,14 @@ def fill_ceiling(records: list[Record]) -> None:
     run would have reused: the newest ceiling of the same cores measured before them. A GEMM
     record keeps what its own run gave it: a % only of that run's ceiling, and only at
     decode-sized M (a prefill-sized call is not bandwidth-bound)."""
-    ceilings = sorted((r for r in records if r.test == "ceiling"), key=lambda r: r.timestamp)
+    ceilings = sorted(((machine_id(r), r) for r in records if r.test == "ceiling"),
+                      key=lambda mc: mc[1].timestamp)
     for r in records:
         if r.achieved_gbs is None or r.pct_ceiling is not None or is_gemm(r):
             continue
-        before = [c for c in ceilings if c.cores == r.cores and c.timestamp <= r.timestamp
-                  and machine_id(c) == machine_id(r)]
+        machine = machine_id(r)
+        before = [c for m, c in ceilings
+                  if m == machine and c.cores == r.cores and c.timestamp <= r.timestamp]
         if before:
             r.against_ceiling(max(before[-1].samples))
             r.extra["ceiling_from_report"] = True
@@ -99,26 +101,23 @@ def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[
     for model, machine, t, (ours_q, llama_q) in itertools.product(models, sorted(labels), threads,
                                                                    PAIRS):
         cells = []
-        found = False
+        runs = set()  # each test's pair is of one run, but pp and tg may come from different runs
         for test in tests:
             a, b = pair(machine, model, ours_q, llama_q, test, t)
             if a and b:
-                found = True
+                runs.add(a.run_id)
                 cells += [f"{a.median:.2f}", f"{b.median:.2f}",
                           f"**{a.median / b.median:.2f}x** "
                           f"{noise_verdict(a.samples, b.samples)}"]
             else:
                 cells += ["", "", ""]
-        if not found:
+        if not runs:
             continue
         tg = [x for x in tests if x.startswith("tg")]
         a, b = pair(machine, model, ours_q, llama_q, tg[0], t) if tg else (None, None)
         theirs = b.engine if b else "llama.cpp"
-        # each test's pair is of one run, but pp and tg may come from different runs
-        runs = sorted({x.run_id for test in tests
-                       for x in pair(machine, model, ours_q, llama_q, test, t) if x})
         rows.append([model, labels[machine], str(t), f"ours {ours_q} / {theirs} {llama_q}",
-                     *cells, _pct(a), _pct(b), ", ".join(f"`{r}`" for r in runs)])
+                     *cells, _pct(a), _pct(b), ", ".join(f"`{r}`" for r in sorted(runs))])
     return rows
 
 
@@ -206,8 +205,9 @@ def render(results: Path, out: Path) -> str:
         rows = sorted((r for r in speed if r.model == model),
                       key=lambda r: (r.threads, r.test[:2] != "pp", r.test, r.engine, r.quant))
         parts.append(f"\n## {model}\n\n" + md_table(MD_COLUMNS, [md_row(r) for r in rows]))
+    ratios = ratio_table(per_machine, all_records)
     parts.append("\n## Ours / llama.cpp (medians, tok/s; each ratio within one run)\n\n"
-                 "The newest pair of each machine.\n\n" + ratio_table(per_machine, all_records))
+                 "The newest pair of each machine.\n\n" + ratios)
     gemm = [r for r in shown if is_gemm(r)]
     if gemm:
         rows = [gemm_row(r) for r in sorted(gemm, key=lambda r: (
@@ -261,7 +261,7 @@ def render(results: Path, out: Path) -> str:
     if plots:
         parts.append("\n## Plots\n\n" + "".join(f"![{p.stem}]({p.name})\n\n" for p in plots))
     (out / "report.md").write_text("".join(parts))
-    return ratio_table(per_machine, all_records)
+    return ratios
 
 
 def batched_table(records: list[Record]) -> str:
@@ -274,7 +274,7 @@ def batched_table(records: list[Record]) -> str:
                                             r.n_gen or 0, r.extra.get("batch", 0), r.timestamp)):
         b = r.extra.get("batch", 0)
         base = one.get((r.run_id, r.model, r.engine, r.quant, r.n_gen))
-        rows.append([f"{r.cpu_model} ({r.isa}, {r.cpu_id})", r.model, r.engine, r.quant, str(b),
+        rows.append([machine_label(r), r.model, r.engine, r.quant, str(b),
                      str(r.n_gen), f"{r.median:.2f} ({min(r.samples):.2f}-{max(r.samples):.2f})",
                      f"{r.median / base.median:.2f}x" if base else "",
                      f"{b / r.median * 1e3:.1f}", r.guard, r.run_id])
