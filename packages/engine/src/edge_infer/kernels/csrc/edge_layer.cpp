@@ -64,7 +64,6 @@ __attribute__((target("avx2,fma"))) __m256 round_bf16_avx2(__m256 v) {
   return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
-
 bool has_avx2() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;
@@ -212,71 +211,82 @@ const float* f32_or_null(const c10::optional<torch::Tensor>& t, int64_t n, const
   return t->data_ptr<float>();
 }
 
+// The op's body for the residual's dtype: f(T{}) with T bf16 or float.
+template <typename F>
+auto by_dtype(const torch::Tensor& residual, F&& f) {
+  if (residual.scalar_type() == torch::kFloat) return f(float{});
+  TORCH_CHECK(residual.scalar_type() == torch::kBFloat16, "edge_w4: the fused ops take bf16 or fp32 "
+              "activations, not ", residual.scalar_type());
+  return f(bf16{});
+}
+
 // residual [M, H] (updated in place), x [M, H] or absent -> qkv [M, (nq + 2 nkv) d] with q and
 // k normed per head (when q_norm/k_norm are given) and rotated at `positions`; and, when
 // gate_w (T [nq, H], an unquantized per-head output gate) is given, the gates
 // sigmoid(gate_w h) [M, nq] T (else an empty tensor). T is the residual's dtype.
 // cos_sin: fp32 [max_position, rot] (cos then sin, vLLM's cos_sin_cache).
-template <typename T>
-std::tuple<torch::Tensor, torch::Tensor> attn_in_t(torch::Tensor residual, const c10::optional<torch::Tensor>& x,
+std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c10::optional<torch::Tensor>& x,
                       const torch::Tensor& ln, double eps, const torch::Tensor& wq,
                       const torch::Tensor& ws, const c10::optional<torch::Tensor>& wz,
                       c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
                       const c10::optional<torch::Tensor>& k_norm, double head_eps,
                       const torch::Tensor& cos_sin, const torch::Tensor& positions, int64_t nq,
                       int64_t nkv, int64_t d, int64_t rot, const c10::optional<torch::Tensor>& gate_w) {
-  const int64_t m = residual.size(0), hidden = residual.size(1);
-  check_rows<T>(residual, hidden, "residual");
-  if (x.has_value()) {
-    check_rows<T>(*x, hidden, "x");
-    TORCH_CHECK(x->size(0) == m, "edge_w4: x and residual differ in rows");
-  }
-  TORCH_CHECK(d <= 1024 && rot <= d && rot % 2 == 0, "edge_w4: head size ", d, " / rotary ", rot);
-  TORCH_CHECK(cos_sin.scalar_type() == torch::kFloat && cos_sin.is_contiguous() && cos_sin.dim() == 2 &&
-                  cos_sin.size(1) == rot,
-              "edge_w4: cos_sin must be contiguous fp32 [positions, rot]");
-  TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.numel() == m,
-              "edge_w4: positions must be int64 [M]");
-  const float* lw = f32_or_null(ln, hidden, "the input norm weight");
-  const float* qw = f32_or_null(q_norm, d, "q_norm");
-  const float* kw = f32_or_null(k_norm, d, "k_norm");
+  return by_dtype(residual, [&](auto t) {
+    using T = decltype(t);
+    const int64_t m = residual.size(0), hidden = residual.size(1);
+    check_rows<T>(residual, hidden, "residual");
+    if (x.has_value()) {
+      check_rows<T>(*x, hidden, "x");
+      TORCH_CHECK(x->size(0) == m, "edge_w4: x and residual differ in rows");
+    }
+    TORCH_CHECK(d <= 1024 && rot <= d && rot % 2 == 0, "edge_w4: head size ", d, " / rotary ", rot);
+    TORCH_CHECK(cos_sin.scalar_type() == torch::kFloat && cos_sin.is_contiguous() && cos_sin.dim() == 2 &&
+                    cos_sin.size(1) == rot,
+                "edge_w4: cos_sin must be contiguous fp32 [positions, rot]");
+    TORCH_CHECK(positions.scalar_type() == torch::kLong && positions.numel() == m,
+                "edge_w4: positions must be int64 [M]");
+    const float* lw = f32_or_null(ln, hidden, "the input norm weight");
+    const float* qw = f32_or_null(q_norm, d, "q_norm");
+    const float* kw = f32_or_null(k_norm, d, "k_norm");
 
-  auto h = torch::empty({m, hidden}, residual.options());
-  const T* xp = x.has_value() ? x->data_ptr<T>() : nullptr;
-  for (int64_t r = 0; r < m; ++r) {
-    add_rms(xp ? xp + r * hidden : nullptr, residual.data_ptr<T>() + r * hidden, lw, eps, hidden,
-            h.data_ptr<T>() + r * hidden);
-  }
-  torch::Tensor gates = torch::empty({0}, residual.options());
-  if (gate_w.has_value()) {
-    check_rows<T>(*gate_w, hidden, "gate_w");
-    TORCH_CHECK(gate_w->size(0) == nq, "edge_w4: gate_w must have one row per query head");
-    gates = torch::empty({m, nq}, residual.options());
-    const T* gw = gate_w->data_ptr<T>();
+    auto h = torch::empty({m, hidden}, residual.options());
+    const T* xp = x.has_value() ? x->data_ptr<T>() : nullptr;
     for (int64_t r = 0; r < m; ++r) {
-      const T* hr = h.data_ptr<T>() + r * hidden;
-      for (int64_t j = 0; j < nq; ++j) {
-        const float logit = static_cast<float>(T(dot(hr, gw + j * hidden, hidden)));  // T, as the eager linear
-        gates.data_ptr<T>()[r * nq + j] = T(1.f / (1.f + std::exp(-logit)));
+      add_rms(xp ? xp + r * hidden : nullptr, residual.data_ptr<T>() + r * hidden, lw, eps, hidden,
+              h.data_ptr<T>() + r * hidden);
+    }
+    torch::Tensor gates = torch::empty({0}, residual.options());
+    if (gate_w.has_value()) {
+      check_rows<T>(*gate_w, hidden, "gate_w");
+      TORCH_CHECK(gate_w->size(0) == nq, "edge_w4: gate_w must have one row per query head");
+      gates = torch::empty({m, nq}, residual.options());
+      const T* gw = gate_w->data_ptr<T>();
+      for (int64_t r = 0; r < m; ++r) {
+        const T* hr = h.data_ptr<T>() + r * hidden;
+        for (int64_t j = 0; j < nq; ++j) {
+          const float logit = static_cast<float>(T(dot(hr, gw + j * hidden, hidden)));  // T, as the eager linear
+          gates.data_ptr<T>()[r * nq + j] = T(1.f / (1.f + std::exp(-logit)));
+        }
       }
     }
-  }
-  auto qkv = apply(h, wq, ws, wz, meta);
-  const int64_t width = (nq + 2 * nkv) * d;
-  check_rows<T>(qkv, width, "qkv");
-  const auto pos = positions.contiguous();
-  const int64_t* pp = pos.data_ptr<int64_t>();
-  const int64_t max_pos = cos_sin.size(0);
-  for (int64_t r = 0; r < m; ++r) {
-    TORCH_CHECK(pp[r] >= 0 && pp[r] < max_pos, "edge_w4: position ", pp[r], " outside the rope table");
-    const float* cs = cos_sin.data_ptr<float>() + pp[r] * rot;
-    T* row = qkv.data_ptr<T>() + r * width;
-    for (int64_t hd = 0; hd < nq; ++hd) head_norm_rope(row + hd * d, d, qw, head_eps, cs, cs + rot / 2, rot);
-    for (int64_t hd = 0; hd < nkv; ++hd) {
-      head_norm_rope(row + (nq + hd) * d, d, kw, head_eps, cs, cs + rot / 2, rot);
+    auto qkv = apply(h, wq, ws, wz, meta);
+    const int64_t width = (nq + 2 * nkv) * d;
+    check_rows<T>(qkv, width, "qkv");
+    const auto pos = positions.contiguous();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    const int64_t max_pos = cos_sin.size(0);
+    for (int64_t r = 0; r < m; ++r) {
+      TORCH_CHECK(pp[r] >= 0 && pp[r] < max_pos, "edge_w4: position ", pp[r], " outside the rope table");
+      const float* cs = cos_sin.data_ptr<float>() + pp[r] * rot;
+      T* row = qkv.data_ptr<T>() + r * width;
+      for (int64_t hd = 0; hd < nq; ++hd) head_norm_rope(row + hd * d, d, qw, head_eps, cs, cs + rot / 2, rot);
+      for (int64_t hd = 0; hd < nkv; ++hd) {
+        head_norm_rope(row + (nq + hd) * d, d, kw, head_eps, cs, cs + rot / 2, rot);
+      }
     }
-  }
-  return {qkv, gates};
+    return std::make_tuple(qkv, gates);
+  });
 }
 
 inline float act_of(float g, int64_t act) {
@@ -337,77 +347,6 @@ void act_mul(const T* gate, const T* up, int64_t f, int64_t act, T* out) {
 // attn [M, A] -> o = W_o attn; residual += o; h = rmsnorm(residual) * ln;
 // gu = W_gate_up h ([gate; up], F each); returns W_down (act(gate) * up), [M, H] T (the
 // residual's dtype). act: 0 SiLU, 1 exact (erf) GELU.
-template <typename T>
-torch::Tensor mlp_out_t(torch::Tensor residual, const torch::Tensor& attn, const torch::Tensor& oq,
-                      const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
-                      c10::IntArrayRef ometa, const torch::Tensor& ln, double eps,
-                      const torch::Tensor& gq, const torch::Tensor& gs,
-                      const c10::optional<torch::Tensor>& gz, c10::IntArrayRef gmeta,
-                      const torch::Tensor& dq, const torch::Tensor& ds,
-                      const c10::optional<torch::Tensor>& dz, c10::IntArrayRef dmeta, int64_t act,
-                      const c10::optional<torch::Tensor>& head_gate) {
-  const int64_t m = residual.size(0), hidden = residual.size(1);
-  check_rows<T>(residual, hidden, "residual");
-  TORCH_CHECK(act == 0 || act == 1, "edge_w4: activation must be 0 (silu) or 1 (gelu)");
-  const float* lw = f32_or_null(ln, hidden, "the post-attention norm weight");
-  auto in = attn.contiguous();
-  check_rows<T>(in, in.size(1), "attn");
-  if (head_gate.has_value() && head_gate->numel() > 0) {
-    // attention output per head times its gate, rounded to T as the eager product
-    const int64_t heads = head_gate->size(1), width = in.size(1);
-    check_rows<T>(*head_gate, heads, "head_gate");
-    TORCH_CHECK(head_gate->size(0) == m && width % heads == 0, "edge_w4: head_gate does not fit attn");
-    in = in.clone();
-    const int64_t d = width / heads;
-    T* p = in.data_ptr<T>();
-    const T* g = head_gate->data_ptr<T>();
-    for (int64_t r = 0; r < m; ++r) {
-      for (int64_t j = 0; j < width; ++j) {
-        p[r * width + j] = T(static_cast<float>(p[r * width + j]) * static_cast<float>(g[r * heads + j / d]));
-      }
-    }
-  }
-  auto o = apply(in, oq, os, oz, ometa);
-  check_rows<T>(o, hidden, "o_proj output");
-  auto h = torch::empty({m, hidden}, residual.options());
-  for (int64_t r = 0; r < m; ++r) {
-    add_rms(o.data_ptr<T>() + r * hidden, residual.data_ptr<T>() + r * hidden, lw, eps, hidden,
-            h.data_ptr<T>() + r * hidden);
-  }
-  auto gu = apply(h, gq, gs, gz, gmeta);
-  TORCH_CHECK(gu.size(1) % 2 == 0, "edge_w4: gate_up width must be even");
-  const int64_t f = gu.size(1) / 2;
-  check_rows<T>(gu, 2 * f, "gate_up output");
-  auto a = torch::empty({m, f}, residual.options());
-  for (int64_t r = 0; r < m; ++r) {
-    const T* g = gu.data_ptr<T>() + r * 2 * f;
-    act_mul(g, g + f, f, act, a.data_ptr<T>() + r * f);
-  }
-  return apply(a, dq, ds, dz, dmeta);
-}
-
-// The op's body for the residual's dtype: f(T{}) with T bf16 or float.
-template <typename F>
-auto by_dtype(const torch::Tensor& residual, F&& f) {
-  if (residual.scalar_type() == torch::kFloat) return f(float{});
-  TORCH_CHECK(residual.scalar_type() == torch::kBFloat16, "edge_w4: the fused ops take bf16 or fp32 "
-              "activations, not ", residual.scalar_type());
-  return f(bf16{});
-}
-
-std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c10::optional<torch::Tensor>& x,
-                      const torch::Tensor& ln, double eps, const torch::Tensor& wq,
-                      const torch::Tensor& ws, const c10::optional<torch::Tensor>& wz,
-                      c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
-                      const c10::optional<torch::Tensor>& k_norm, double head_eps,
-                      const torch::Tensor& cos_sin, const torch::Tensor& positions, int64_t nq,
-                      int64_t nkv, int64_t d, int64_t rot, const c10::optional<torch::Tensor>& gate_w) {
-  return by_dtype(residual, [&](auto t) {
-    return attn_in_t<decltype(t)>(residual, x, ln, eps, wq, ws, wz, meta, q_norm, k_norm, head_eps,
-                                  cos_sin, positions, nq, nkv, d, rot, gate_w);
-  });
-}
-
 torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const torch::Tensor& oq,
                       const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
                       c10::IntArrayRef ometa, const torch::Tensor& ln, double eps,
@@ -417,8 +356,45 @@ torch::Tensor mlp_out(torch::Tensor residual, const torch::Tensor& attn, const t
                       const c10::optional<torch::Tensor>& dz, c10::IntArrayRef dmeta, int64_t act,
                       const c10::optional<torch::Tensor>& head_gate) {
   return by_dtype(residual, [&](auto t) {
-    return mlp_out_t<decltype(t)>(residual, attn, oq, os, oz, ometa, ln, eps, gq, gs, gz, gmeta, dq,
-                                  ds, dz, dmeta, act, head_gate);
+    using T = decltype(t);
+    const int64_t m = residual.size(0), hidden = residual.size(1);
+    check_rows<T>(residual, hidden, "residual");
+    TORCH_CHECK(act == 0 || act == 1, "edge_w4: activation must be 0 (silu) or 1 (gelu)");
+    const float* lw = f32_or_null(ln, hidden, "the post-attention norm weight");
+    auto in = attn.contiguous();
+    check_rows<T>(in, in.size(1), "attn");
+    if (head_gate.has_value() && head_gate->numel() > 0) {
+      // attention output per head times its gate, rounded to T as the eager product
+      const int64_t heads = head_gate->size(1), width = in.size(1);
+      check_rows<T>(*head_gate, heads, "head_gate");
+      TORCH_CHECK(head_gate->size(0) == m && width % heads == 0, "edge_w4: head_gate does not fit attn");
+      in = in.clone();
+      const int64_t d = width / heads;
+      T* p = in.data_ptr<T>();
+      const T* g = head_gate->data_ptr<T>();
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < width; ++j) {
+          p[r * width + j] = T(static_cast<float>(p[r * width + j]) * static_cast<float>(g[r * heads + j / d]));
+        }
+      }
+    }
+    auto o = apply(in, oq, os, oz, ometa);
+    check_rows<T>(o, hidden, "o_proj output");
+    auto h = torch::empty({m, hidden}, residual.options());
+    for (int64_t r = 0; r < m; ++r) {
+      add_rms(o.data_ptr<T>() + r * hidden, residual.data_ptr<T>() + r * hidden, lw, eps, hidden,
+              h.data_ptr<T>() + r * hidden);
+    }
+    auto gu = apply(h, gq, gs, gz, gmeta);
+    TORCH_CHECK(gu.size(1) % 2 == 0, "edge_w4: gate_up width must be even");
+    const int64_t f = gu.size(1) / 2;
+    check_rows<T>(gu, 2 * f, "gate_up output");
+    auto a = torch::empty({m, f}, residual.options());
+    for (int64_t r = 0; r < m; ++r) {
+      const T* g = gu.data_ptr<T>() + r * 2 * f;
+      act_mul(g, g + f, f, act, a.data_ptr<T>() + r * f);
+    }
+    return apply(a, dq, ds, dz, dmeta);
   });
 }
 
