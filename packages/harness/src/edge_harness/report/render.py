@@ -102,8 +102,9 @@ def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[
                                                                    PAIRS):
         cells = []
         runs = set()  # each test's pair is of one run, but pp and tg may come from different runs
+        pairs = {test: pair(machine, model, ours_q, llama_q, test, t) for test in tests}
         for test in tests:
-            a, b = pair(machine, model, ours_q, llama_q, test, t)
+            a, b = pairs[test]
             if a and b:
                 runs.add(a.run_id)
                 cells += [f"{a.median:.2f}", f"{b.median:.2f}",
@@ -114,7 +115,7 @@ def ratio_rows(records: list[Record], pool: list[Record] | None = None) -> list[
         if not runs:
             continue
         tg = [x for x in tests if x.startswith("tg")]
-        a, b = pair(machine, model, ours_q, llama_q, tg[0], t) if tg else (None, None)
+        a, b = pairs[tg[0]] if tg else (None, None)
         theirs = b.engine if b else "llama.cpp"
         rows.append([model, labels[machine], str(t), f"ours {ours_q} / {theirs} {llama_q}",
                      *cells, _pct(a), _pct(b), ", ".join(f"`{r}`" for r in sorted(runs))])
