@@ -145,6 +145,75 @@ def test_smoothing_is_exact_in_float_and_evens_out_the_activations(tiny_llama):
         stats[0]["input_layernorm"].median()
 
 
+def test_grid_keeping_scales_keep_a_q4_1_grid_that_per_channel_scales_lose():
+    from edge_export.smooth import group_scales, smooth_scales
+
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(1))
+    x[:, 37] *= 30.0  # an outlier input channel
+    errors = {}
+    for form in ("grid", "per-channel"):
+        linear = _q4_1_linear()
+        if form == "grid":
+            s, _ = group_scales(x, linear.weight.detach(), 32)
+            assert torch.equal(s.view(-1, 32), s.view(-1, 32)[:, :1].expand(-1, 32))
+        else:
+            s = smooth_scales(x.abs().amax(0), [linear.weight.detach()], 0.5)
+        with torch.no_grad():
+            linear.weight.mul_(s)
+        model = torch.nn.Sequential(linear)
+        want = model(x / s)
+        apply_recipe(model, Recipe(4, 32, None, activations="float", mapping="float-zero"))
+        errors[form] = ((model(x / s) - want).norm() / want.norm()).item()
+    assert errors["grid"] < 1e-5  # the scaled group is still d' q + min': same codes
+    assert errors["per-channel"] > 1e-2
+
+
+def test_group_scales_never_lose_to_none_and_calm_an_outlier_group():
+    from edge_export.smooth import CANDIDATES, fake_int8_per_token, group_scales
+
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(256, 96, generator=g)
+    w = torch.randn(40, 96, generator=g)
+    _, calm = group_scales(x, w, 32)
+    assert CANDIDATES[0] == (0.0, 0.0) and min(calm) <= calm[0]
+    x[:, 5] *= 50.0
+    s, errors = group_scales(x, w, 32)
+    assert min(errors) < 0.7 * errors[0]  # the outlier group scaled down pays off (~0.51)
+    assert s[5] > s[40] and s[5] > s[70]
+    # the fake quantizer is int8: at most 256 levels per row, and exact on those levels
+    q = fake_int8_per_token(x[:4])
+    assert all(len(torch.unique(row)) <= 256 for row in q)
+    torch.testing.assert_close(fake_int8_per_token(q), q)
+    with pytest.raises(ValueError, match="multiple of the group"):
+        group_scales(x[:, :40], w[:, :40], 32)
+
+
+def test_grid_keeping_scales_are_exact_in_float(tiny_llama):
+    from edge_export.decoder import StaticShape, run_sequence
+    from edge_export.smooth import GRID_SITES, grid_smooth_in_place, input_samples
+
+    _, model = _decoder(tiny_llama)
+    shape = StaticShape(8, 24)
+    with torch.no_grad():
+        model.layers[0].input_layernorm.weight[3] = 40.0
+    tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+
+    def run(w):
+        return run_sequence(model, lambda a: model(*a), shape, w)
+
+    with torch.no_grad():
+        before = run(tokens)
+    samples = input_samples(model.layers, run, [tokens], stride=2)
+    assert len(samples) == 2 and len(samples[0]) == len(GRID_SITES)
+    assert samples[0][0].shape == (8, 64)  # 16 rows, every second kept
+    chosen = grid_smooth_in_place(model.layers, samples, 32)
+    assert len(chosen) == 2 * len(GRID_SITES)
+    assert all(c["error"] <= c["error_unscaled"] for c in chosen)
+    with torch.no_grad():
+        after = run(tokens)
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
 def test_smooth_scales_limits():
     from edge_export.smooth import smooth_scales
 
@@ -177,7 +246,8 @@ def test_ablate_writes_one_eager_record_per_variant(tiny_llama, tmp_path):
 
     path = tmp_path / "export.jsonl"
     names = ["8da4w g32, head 4-bit", "fp32 body, head 4-bit",
-             "8da4w g32, head 8-bit, no sink prefix", "8da4w g32, head 8-bit, smooth 0.5"]
+             "8da4w g32, head 8-bit, no sink prefix", "8da4w g32, head 8-bit, smooth 0.5",
+             "8da4w g32 float zero, head 8-bit, grid-keeping scales"]
     rows = ablate(str(tiny_llama), names, eval_sequences=1, calibration=2,
                   shape=StaticShape(8, 24), record_path=path)
     saved = [json.loads(line) for line in path.read_text().splitlines()]
@@ -197,6 +267,9 @@ def test_ablate_writes_one_eager_record_per_variant(tiny_llama, tmp_path):
     assert by[names[2]]["eval"]["tokens_per_sequence"] == 24  # no prefix: the whole window
     assert by[names[3]]["smooth"]["alpha"] == 0.5 and by[names[3]]["smooth"]["samples"] == 2
     assert by[names[1]]["recipe"]["body_bits"] is None
+    grid = by[names[4]]["smooth"]
+    assert grid["form"].startswith("grid-keeping") and grid["samples"] == 2
+    assert grid["local_error_mean"] <= grid["local_error_unscaled_mean"]
     # the ablation rows render in their own table and never replace an export row
     pte = dict(saved[0], variant=None, measured="pte", sqnr_db=9.0, size_bytes=2**20,
                export_s=5.0, artifact="m.pte")

@@ -47,6 +47,8 @@ def test_8da4w_pte_matches_its_eager_quantization(tiny_llama, tmp_path):
     assert abs(record["sqnr_db"] - record["eager_sqnr_db"]) < 3
     assert record["group_size"] == 32
     # the 8da4w default: a float offset per group (its linear over group sums lowers too),
-    # head at 8 bits, no SmoothQuant (it scales the weights off their grid)
+    # head at 8 bits, and grid-keeping scales from the calibration windows (never
+    # SmoothQuant's per channel ones, which scale the weights off their grid)
     assert record["recipe"]["mapping"] == "float-zero" and record["recipe"]["head_bits"] == 8
-    assert "smooth" not in record
+    assert record["smooth"]["form"].startswith("grid-keeping")
+    assert record["smooth"]["sites"] == 3 and record["calibration"]["samples"] == 4

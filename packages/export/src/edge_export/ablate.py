@@ -32,6 +32,7 @@ class Variant:
     recipe: Recipe
     sink_prefix: bool = True
     smooth_alpha: float | None = None  # SmoothQuant scales from calibration statistics
+    grid_smooth: bool = False  # grid-keeping scales searched on calibration inputs
 
 
 def _variants() -> tuple[Variant, ...]:
@@ -71,6 +72,13 @@ def _variants() -> tuple[Variant, ...]:
         Variant("8da4w g32 float zero, head 8-bit, smooth 0.5", "SmoothQuant before the "
                 "split: kinder int8 activations, the grid lost",
                 Recipe(4, 32, 8, 0, mapping="float-zero"), smooth_alpha=0.5),
+        Variant("8da4w g32 float zero, head 8-bit, grid-keeping scales", "one scale per "
+                "group of 32 inputs, searched per layer on calibration inputs: kinder int8 "
+                "activations, the grid kept (the export's default)",
+                Recipe(4, 32, 8, 0, mapping="float-zero"), grid_smooth=True),
+        Variant("8da4w g32 float zero, head fp32, grid-keeping scales", "the same without "
+                "the head's 8 bits", Recipe(4, 32, None, mapping="float-zero"),
+                grid_smooth=True),
     )
 
 
@@ -97,8 +105,8 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
     """Score each variant (default: all of VARIANTS); returns the records (appended to
     `record_path` too, one at a time, as each finishes)."""
     from edge_export.decoder import run_sequence
-    from edge_export.pipeline import load_model
-    from edge_export.smooth import input_absmax, smooth_in_place
+    from edge_export.pipeline import grid_smooth_facts, load_model, sample_stride
+    from edge_export.smooth import grid_smooth_in_place, input_absmax, input_samples, smooth_in_place
     from edge_infer.api import token_windows
 
     names = list(VARIANTS) if not variants else variants
@@ -154,6 +162,16 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
                 smooth = {"alpha": v.smooth_alpha, "statistic": "max |x| per input channel",
                           "corpus": calibration_corpus, "samples": len(cal),
                           "tokens": len(cal) * s.length}
+            if v.grid_smooth:
+                cal = windows(calibration_corpus, calibration, s.length, seed=0)
+                samples = input_samples(model.layers, lambda w, m=model, p=s.prefix:
+                                        run_sequence(m, lambda a: m(*a), shape, w, p), cal,
+                                        stride=sample_stride(len(cal) * s.length))
+                chosen = grid_smooth_in_place(model.layers, samples, v.recipe.group_size)
+                smooth = {**grid_smooth_facts(chosen, v.recipe.group_size, samples),
+                          "corpus": calibration_corpus, "samples": len(cal),
+                          "tokens": len(cal) * s.length}
+                del samples
             apply_recipe(model, v.recipe)
             quantize_s = time.perf_counter() - t0
             t1 = time.perf_counter()

@@ -37,8 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--unit", choices=("decoder", "block"), default="decoder",
                    help="the whole decoder, or its first transformer block (the quick unit)")
     p.add_argument("--calibration", type=int, default=16, metavar="N",
-                   help="calibration windows (QNN, AI Hub; xnnpack-8da4w: for its SmoothQuant "
-                   "scales); 0 = uncalibrated (default 16)")
+                   help="calibration windows (QNN, AI Hub; xnnpack-8da4w: for its grid-keeping "
+                   "activation scales); 0 = uncalibrated (default 16)")
     p.add_argument("--corpus", dest="calibration_corpus", default="lee",
                    choices=("lee", "shakespeare", "builtin"),
                    help="calibration corpus; scoring uses the other one (default lee)")

@@ -79,3 +79,107 @@ def smooth_in_place(layers: nn.ModuleList, stats: list[dict[str, torch.Tensor]],
             norm.weight.div_(s.to(norm.weight.dtype))
             for m in linears:
                 m.weight.mul_(s.to(m.weight.dtype))
+
+
+# --- Grid-keeping scales: one scale per group of `group` input channels -------------------
+#
+# The per-channel scales above move a Q4_1-style checkpoint's weights off their grid (every
+# column of a group gets its own factor), which cost more than the kinder activations gained.
+# A scale that is constant over each weight group of 32 input channels keeps the grid: the
+# group's d q + min becomes (s d) q + s min, which the float-zero split (xnnpack.lower) still
+# takes exactly. Each site folds 1/s into what produces its input, so the float model is
+# unchanged: the norms for q/k/v and gate/up, and the up projection's rows (any per-row
+# factor keeps a row's grid) for down. o_proj is left out: its input's producer, v_proj, also
+# feeds the sink prefix's cached values, which are computed once from the float model.
+#
+# Which scale: per layer and site, the candidate whose int8 per-token activations (asymmetric,
+# as torchao's 8da configs quantize them) lose least of X W^T on calibration inputs, among
+#   s_g = a_g^alpha / w_g^beta,  (alpha, beta) in CANDIDATES,
+# with a_g, w_g the group's max |x| and max |W|; (0, 0) is "no scale", so a site is never made
+# worse on the calibration inputs than without one.
+
+GRID_SITES = (("input_layernorm", ("q_proj", "k_proj", "v_proj")),
+              ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj")),
+              ("mlp.up_proj", ("mlp.down_proj",)))
+_STEPS = tuple(i / 10 for i in range(11))
+CANDIDATES = ((0.0, 0.0), *((a, 1.0 - a) for a in _STEPS), *((a, 0.0) for a in _STEPS[1:]))
+
+
+@torch.no_grad()
+def input_samples(layers: nn.ModuleList, run: Callable[[torch.Tensor], object],
+                  windows: Iterable[torch.Tensor], stride: int = 1) -> list[list[torch.Tensor]]:
+    """Every `stride`-th input row of each grid site's linears, per block, over `run(window)`
+    for every window (fp32, [rows, in_features])."""
+    seen: list[list[list[torch.Tensor]]] = [[[] for _ in GRID_SITES] for _ in layers]
+    handles = []
+    for i, block in enumerate(layers):
+        for j, (_, linears) in enumerate(GRID_SITES):
+            def hook(_m, args, i=i, j=j):
+                x = args[0].detach().reshape(-1, args[0].shape[-1])
+                seen[i][j].append(x[::stride].float())
+            handles.append(_get(block, linears[0]).register_forward_pre_hook(hook))
+    try:
+        for w in windows:
+            run(w)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(not rows for block in seen for rows in block):
+        raise ValueError("no activations were seen: the windows never reached every block")
+    return [[torch.cat(rows) for rows in block] for block in seen]
+
+
+def fake_int8_per_token(x: torch.Tensor) -> torch.Tensor:
+    """x through asymmetric int8 per row (range widened to hold 0), and back."""
+    lo = x.amin(-1, keepdim=True).clamp(max=0)
+    hi = x.amax(-1, keepdim=True).clamp(min=0)
+    step = ((hi - lo) / 255).clamp(min=torch.finfo(torch.float32).tiny)
+    zero = torch.round(-128 - lo / step)
+    return (torch.clamp(torch.round(x / step) + zero, -128, 127) - zero) * step
+
+
+def group_scales(x: torch.Tensor, weight: torch.Tensor,
+                 group: int) -> tuple[torch.Tensor, list[float]]:
+    """The grid-keeping scale per input channel for inputs `x` [rows, in] of `weight`
+    [out, in] (the site's linears stacked), and each candidate's relative error."""
+    if x.shape[1] % group:
+        raise ValueError(f"in_features {x.shape[1]} is not a multiple of the group {group}")
+    w = weight.float()
+    ref = x @ w.T
+    a = x.abs().amax(0).view(-1, group).amax(-1).clamp(min=1e-5)
+    wmax = w.abs().amax(0).view(-1, group).amax(-1).clamp(min=1e-5)
+    norm = ref.pow(2).sum().clamp(min=1e-30)
+    best, errors = None, []
+    for alpha, beta in CANDIDATES:
+        s = (a.pow(alpha) / wmax.pow(beta)).repeat_interleave(group)
+        err = float((fake_int8_per_token(x / s) @ (w * s).T - ref).pow(2).sum() / norm)
+        if best is None or err < best[0]:
+            best = (err, s)
+        errors.append(err)
+    return best[1], errors
+
+
+@torch.no_grad()
+def grid_smooth_in_place(layers: nn.ModuleList, samples: list[list[torch.Tensor]],
+                         group: int) -> list[dict]:
+    """Fold each site's grid-keeping scale into its linears' columns and its producer (float-
+    exact); returns, per block and site, the chosen candidate and its error against none."""
+    chosen = []
+    for block, block_samples in zip(layers, samples, strict=True):
+        for (producer_name, linear_names), x in zip(GRID_SITES, block_samples, strict=True):
+            linears = [_get(block, name) for name in linear_names]
+            s, errors = group_scales(x, torch.cat([m.weight for m in linears]), group)
+            for m in linears:
+                m.weight.mul_(s.to(m.weight.dtype))
+            producer = _get(block, producer_name)
+            if isinstance(producer, nn.Linear):  # up_proj: its output rows feed down_proj
+                producer.weight.div_(s.to(producer.weight.dtype)[:, None])
+                if producer.bias is not None:
+                    producer.bias.div_(s.to(producer.bias.dtype))
+            else:
+                producer.weight.div_(s.to(producer.weight.dtype))
+            pick = min(range(len(errors)), key=errors.__getitem__)
+            chosen.append({"site": linear_names[0], "alpha": CANDIDATES[pick][0],
+                           "beta": CANDIDATES[pick][1], "error": errors[pick],
+                           "error_unscaled": errors[0]})
+    return chosen

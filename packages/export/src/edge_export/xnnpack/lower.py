@@ -33,6 +33,11 @@ BODY_MAPPING = "float-zero"
 # activations gained (smollm2-135m: 15.4 against 23.4 dB with the float-zero body). Symmetric
 # 8da4w without the grid gained from them (9.3 to 10.8 dB); `--ablate` scores both.
 SMOOTH_ALPHA: float | None = None
+# Grid-keeping scales (edge_export.smooth.grid_smooth_in_place): one scale per group of input
+# channels, searched per layer on the calibration windows, folded before the float-zero split.
+# They keep the checkpoint's grid, so only the int8 activations change. smollm2-135m (eager,
+# `--ablate`): see docs/analysis/phone.md for the rows. Used when the export has calibration.
+GRID_SMOOTH = True
 
 
 @dataclass(frozen=True)
