@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from edge_export.decoder import (
+    FLOAT_MASK_VALUE,
     MASK_VALUE,
     BlockUnit,
     StaticDecoder,
@@ -36,6 +37,28 @@ def test_static_decoder_matches_hf(request, which, norm_form):
     # three chunks: the second and third read the cache the first ones wrote
     assert out.shape == ref.shape
     assert sqnr_db(ref, out) > 100
+
+
+def test_float_mask_holds_where_masked_scores_tower_over_the_allowed(tiny_llama):
+    """Raw scores ~100s apart (qwen2.5's q/k biases do this): -64 lets masked keys through,
+    the float graphs' mask does not."""
+    hf = _hf(tiny_llama)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.q_proj.weight.mul_(40.0)
+            layer.self_attn.k_proj.weight.mul_(40.0)
+    shape = StaticShape(8, 24)
+    tokens = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(6))
+    scores = {}
+    with torch.no_grad():
+        ref = hf(tokens).logits
+        for value in (MASK_VALUE, FLOAT_MASK_VALUE):
+            model = StaticDecoder(hf, "xnnpack", value).eval()
+            assert example_inputs(model, shape)[3].min() == value
+            scores[value] = sqnr_db(ref, run_sequence(model, lambda a, m=model: m(*a), shape,
+                                                      tokens))
+    assert scores[FLOAT_MASK_VALUE] > 100
+    assert scores[MASK_VALUE] < 60
 
 
 def test_sink_prefix_is_the_first_token(tiny_llama):

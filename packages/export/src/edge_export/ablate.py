@@ -17,7 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from edge_export import records
-from edge_export.decoder import StaticDecoder, StaticShape, sink_prefix, window_tokens
+from edge_export.decoder import (
+    FLOAT_MASK_VALUE,
+    StaticDecoder,
+    StaticShape,
+    sink_prefix,
+    window_tokens,
+)
 from edge_export.sqnr import logit_agreement, sqnr_db
 from edge_export.xnnpack.lower import Recipe, apply_recipe
 from edge_infer.api import OTHER_CORPUS, UsageError, utc_now
@@ -96,7 +102,7 @@ class _Scored:
 
 
 def _static(hf) -> StaticDecoder:
-    return StaticDecoder(hf, "xnnpack").eval()
+    return StaticDecoder(hf, "xnnpack", FLOAT_MASK_VALUE).eval()
 
 
 def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences: int = 4,

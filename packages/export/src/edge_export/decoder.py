@@ -13,7 +13,8 @@ and no mutable buffer. That matters because:
 Inputs of `StaticDecoder.forward` (B = 1):
     tokens  int32 [1, T]            the T new tokens
     cos,sin f32   [T, head_dim]     rotary tables at the new tokens' positions
-    mask    f32   [T, P + T]        0 where a query may attend, MASK_VALUE elsewhere
+    mask    f32   [T, P + T]        0 where a query may attend, the decoder's mask_value
+                                    elsewhere (MASK_VALUE, or FLOAT_MASK_VALUE for XNNPACK)
     k_past  f32   [L, Hkv, P, D]    past keys (after RoPE), slots in position order
     v_past  f32   [L, Hkv, P, D]
 Outputs: logits f32 [1, T, V], k_new f32 [L, Hkv, T, D], v_new f32 [L, Hkv, T, D].
@@ -32,9 +33,16 @@ from torch import nn
 
 from edge_infer.api import UsageError
 
-# exp(-64) ~ 1.6e-28: a masked key weighs nothing in fp32 even when its raw score is 30 above
-# the row's best, while the range of `scores + mask` stays ~100 wide (16-bit step ~0.002).
+# For graphs whose activations are quantized per tensor (QNN's 16-bit): exp(-64) ~ 1.6e-28, so
+# a masked key weighs nothing in fp32 while its raw score is under ~30 above the row's best,
+# and the range of `scores + mask` stays ~100 wide (16-bit step ~0.002).
 MASK_VALUE = -64.0
+# For graphs whose attention runs in float (XNNPACK: only the linears are quantized). -64 is
+# not enough there on every model: qwen2.5-coder-0.5b's raw scores (q/k biases) put masked
+# keys (the chunk's later tokens, the empty cache slots) far enough above the allowed ones that
+# its fp32 static decoder scored 39 dB against HF with -64, and 97 dB with -1e4 (2 windows).
+# -3e4 is far past any raw score and still a finite half-precision number.
+FLOAT_MASK_VALUE = -3.0e4
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -154,10 +162,12 @@ def _arch_facts(hf_model: nn.Module) -> dict:
 class StaticDecoder(nn.Module):
     """The whole decoder (embedding to logits) over HF weights, in the static form above."""
 
-    def __init__(self, hf_model: nn.Module, norm_form: str = "fused"):
+    def __init__(self, hf_model: nn.Module, norm_form: str = "fused",
+                 mask_value: float = MASK_VALUE):
         super().__init__()
         facts = _arch_facts(hf_model)
         self.norm_form = norm_form
+        self.mask_value = mask_value  # what the host writes into the mask (chunk_inputs)
         self.facts = facts
         body = hf_model.model
         self.embed_tokens = body.embed_tokens
@@ -209,6 +219,7 @@ class BlockUnit(nn.Module):
         super().__init__()
         self.block = decoder.layers[index]
         self.facts = dict(decoder.facts, layers=1)
+        self.mask_value = decoder.mask_value
         self._decoder = [decoder]  # a list: not a submodule, so it is not exported twice
 
     def forward(self, hidden, cos, sin, mask, k_past, v_past):
@@ -241,9 +252,10 @@ def chunk_inputs(model, shape: StaticShape, first, start: int, k_cache, v_cache)
     t, p = shape.chunk, shape.past
     positions = torch.arange(start, start + t)
     cos, sin = model.rope(positions)
-    mask = torch.full((t, p + t), MASK_VALUE)
+    masked = model.mask_value
+    mask = torch.full((t, p + t), masked)
     mask[:, :start] = 0.0  # every valid past slot is earlier than every new token
-    mask[:, p:] = torch.triu(torch.full((t, t), MASK_VALUE), diagonal=1)
+    mask[:, p:] = torch.triu(torch.full((t, t), masked), diagonal=1)
     return (first, cos, sin, mask, k_cache, v_cache)
 
 

@@ -17,6 +17,7 @@ import torch
 
 from edge_export import records
 from edge_export.decoder import (
+    FLOAT_MASK_VALUE,
     INPUT_NAMES,
     BlockUnit,
     SinkPrefix,
@@ -99,8 +100,10 @@ def load_model(spec: str) -> Loaded:
 
 
 def _unit(loaded: Loaded, unit: str, backend: str):
-    norm_form = "xnnpack" if backend == "xnnpack" else "fused"
-    decoder = StaticDecoder(loaded.hf, norm_form).eval()
+    if backend == "xnnpack":  # attention in float: a mask far past any raw score
+        decoder = StaticDecoder(loaded.hf, "xnnpack", FLOAT_MASK_VALUE).eval()
+    else:
+        decoder = StaticDecoder(loaded.hf, "fused").eval()
     if unit == "decoder":
         return decoder
     return BlockUnit(decoder, 0).eval()

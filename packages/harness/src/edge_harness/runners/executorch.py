@@ -66,14 +66,14 @@ def build_pte(model: ModelRef, quant: str, out: Path) -> dict[str, int]:
     from executorch.exir import to_edge_transform_and_lower
     from transformers import AutoModelForCausalLM
 
-    from edge_export.decoder import StaticDecoder, StaticShape, example_inputs
+    from edge_export.decoder import FLOAT_MASK_VALUE, StaticDecoder, StaticShape, example_inputs
     from edge_export.xnnpack.lower import quantize_in_place
 
     t0 = time.perf_counter()
     print(f"executorch: exporting {model.name} {quant} (context {CONTEXT}; minutes)",
           file=sys.stderr)
     hf = AutoModelForCausalLM.from_pretrained(model.hf_dir, dtype=torch.float32).eval()
-    decoder = StaticDecoder(hf, "xnnpack").eval()
+    decoder = StaticDecoder(hf, "xnnpack", FLOAT_MASK_VALUE).eval()
     embed = decoder.embed_tokens.weight
     layers, kv_heads, _, head_dim = decoder.cache_shape(0)
     facts = {"embed_bytes": embed.numel() * embed.element_size(),
@@ -152,7 +152,7 @@ class ExecuTorchRunner:
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 
-        from edge_export.decoder import MASK_VALUE
+        from edge_export.decoder import FLOAT_MASK_VALUE
 
         path = Path(build.path)
         meta = json.loads(path.with_suffix(".json").read_text())
@@ -164,7 +164,7 @@ class ExecuTorchRunner:
         torch.set_num_threads(threads)  # the host-side cache updates
         portable_lib._unsafe_reset_threadpool(threads)
         self.torch = torch
-        self.mask_value = MASK_VALUE
+        self.mask_value = FLOAT_MASK_VALUE  # the XNNPACK graphs' mask (StaticDecoder)
         self.context, self.chunk = context, meta["prefill_chunk"]
         layers, kv_heads, head_dim = meta["cache"]
         self.cache_shape = lambda slots: (layers, kv_heads, slots, head_dim)
