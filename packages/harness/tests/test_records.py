@@ -156,6 +156,21 @@ def test_comparison_page_is_generated_from_the_records(tmp_path):
     assert "no executorch records" in md
 
 
+def test_comparison_export_table_keeps_exports_and_leaves_ablation_rows_out(tmp_path):
+    """An eager ablation variant (8da8w scored under target xnnpack-8da4w) must never stand in
+    for the target's export row."""
+    from edge_harness.report.comparison import export_section
+
+    base = {"model": "m", "target": "xnnpack-8da4w", "calibration": None,
+            "sink_prefix": {"token_id": 1}}
+    rows = [dict(base, sqnr_db=23.8, measured="pte"),
+            dict(base, sqnr_db=26.0, measured="eager", variant="8da8w")]
+    (tmp_path / "export.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    md = export_section(tmp_path)
+    assert "| m | xnnpack-8da4w | none | yes | 23.8 | pte |" in md
+    assert "26.0" not in md and "eager" not in md.split("Details")[1]
+
+
 def test_comparison_shows_executorch_beside_the_engines_of_its_own_run(tmp_path):
     from edge_harness.report.comparison import render
 

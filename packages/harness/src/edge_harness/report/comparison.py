@@ -239,6 +239,10 @@ def _calibration(c) -> str:
 def export_section(results: Path) -> str:
     recs = {}
     for r in _read_jsonl(results / "export.jsonl"):
+        if r.get("measured") == "eager":
+            # an ablation variant (export --ablate), not an export of the target: its scheme
+            # may not even be the target's (8da8w); export.md has them in their own table
+            continue
         key = (r.get("model"), r.get("target"), json.dumps(r.get("calibration"), sort_keys=True),
                r.get("sink_prefix") is not None)
         recs[key] = r
