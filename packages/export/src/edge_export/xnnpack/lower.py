@@ -35,8 +35,9 @@ BODY_MAPPING = "float-zero"
 SMOOTH_ALPHA: float | None = None
 # Grid-keeping scales (edge_export.smooth.grid_smooth_in_place): one scale per group of input
 # channels, searched per layer on the calibration windows, folded before the float-zero split.
-# They keep the checkpoint's grid, so only the int8 activations change. smollm2-135m (eager,
-# `--ablate`): see docs/analysis/phone.md for the rows. Used when the export has calibration.
+# They keep the checkpoint's grid, so only the int8 activations change: smollm2-135m went
+# from 23.2 to 26.5 dB in eager and 26.0 dB as a .pte (docs/analysis/phone.md). Used when the
+# export has calibration windows.
 GRID_SMOOTH = True
 
 
