@@ -117,19 +117,27 @@ def test_head_none_leaves_the_head_float(tiny_llama):
     assert _max_levels_per_group(_dequantized(model.layers[0].o_proj), 32) <= 16
 
 
-def test_smoothing_is_exact_in_float_and_evens_out_the_activations(tiny_llama):
+def _outlier_decoder(path):
+    """The tiny decoder with one outlier input channel (as real models have), 16 tokens, and
+    `run(window)` through it: what the smoothing tests fold scales into."""
     from edge_export.decoder import StaticShape, run_sequence
-    from edge_export.smooth import input_absmax, smooth_in_place
 
-    _, model = _decoder(tiny_llama)
+    _, model = _decoder(path)
     shape = StaticShape(8, 24)
-    with torch.no_grad():  # an outlier input channel, as real models have
+    with torch.no_grad():
         model.layers[0].input_layernorm.weight[3] = 40.0
     tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
 
     def run(w):
         return run_sequence(model, lambda a: model(*a), shape, w)
 
+    return model, tokens, run
+
+
+def test_smoothing_is_exact_in_float_and_evens_out_the_activations(tiny_llama):
+    from edge_export.smooth import input_absmax, smooth_in_place
+
+    model, tokens, run = _outlier_decoder(tiny_llama)
     with torch.no_grad():
         before = run(tokens)
     stats = input_absmax(model.layers, run, [tokens])
@@ -154,7 +162,7 @@ def test_grid_keeping_scales_keep_a_q4_1_grid_that_per_channel_scales_lose():
     for form in ("grid", "per-channel"):
         linear = _q4_1_linear()
         if form == "grid":
-            s, _ = group_scales(x, linear.weight.detach(), 32)
+            s, _, _ = group_scales(x, linear.weight.detach(), 32)
             assert torch.equal(s.view(-1, 32), s.view(-1, 32)[:, :1].expand(-1, 32))
         else:
             s = smooth_scales(x.abs().amax(0), [linear.weight.detach()], 0.5)
@@ -174,10 +182,11 @@ def test_group_scales_never_lose_to_none_and_calm_an_outlier_group():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(256, 96, generator=g)
     w = torch.randn(40, 96, generator=g)
-    _, calm = group_scales(x, w, 32)
+    _, calm, _ = group_scales(x, w, 32)
     assert CANDIDATES[0] == (0.0, 0.0) and min(calm) <= calm[0]
     x[:, 5] *= 50.0
-    s, errors = group_scales(x, w, 32)
+    s, errors, pick = group_scales(x, w, 32)
+    assert errors[pick] == min(errors)
     assert min(errors) < 0.7 * errors[0]  # the outlier group scaled down pays off (~0.51)
     assert s[5] > s[40] and s[5] > s[70]
     # the fake quantizer is int8: at most 256 levels per row, and exact on those levels
@@ -189,18 +198,9 @@ def test_group_scales_never_lose_to_none_and_calm_an_outlier_group():
 
 
 def test_grid_keeping_scales_are_exact_in_float(tiny_llama):
-    from edge_export.decoder import StaticShape, run_sequence
     from edge_export.smooth import GRID_SITES, grid_smooth_in_place, input_samples
 
-    _, model = _decoder(tiny_llama)
-    shape = StaticShape(8, 24)
-    with torch.no_grad():
-        model.layers[0].input_layernorm.weight[3] = 40.0
-    tokens = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
-
-    def run(w):
-        return run_sequence(model, lambda a: model(*a), shape, w)
-
+    model, tokens, run = _outlier_decoder(tiny_llama)
     with torch.no_grad():
         before = run(tokens)
     samples = input_samples(model.layers, run, [tokens], stride=2)

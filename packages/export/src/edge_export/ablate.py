@@ -111,8 +111,8 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
     """Score each variant (default: all of VARIANTS); returns the records (appended to
     `record_path` too, one at a time, as each finishes)."""
     from edge_export.decoder import run_sequence
-    from edge_export.pipeline import grid_smooth_facts, load_model, sample_stride
-    from edge_export.smooth import grid_smooth_in_place, input_absmax, input_samples, smooth_in_place
+    from edge_export.pipeline import load_model
+    from edge_export.smooth import grid_smooth, input_absmax, smooth_in_place
     from edge_infer.api import token_windows
 
     names = list(VARIANTS) if not variants else variants
@@ -170,14 +170,11 @@ def ablate(model_spec: str, variants: list[str] | None = None, *, eval_sequences
                           "tokens": len(cal) * s.length}
             if v.grid_smooth:
                 cal = windows(calibration_corpus, calibration, s.length, seed=0)
-                samples = input_samples(model.layers, lambda w, m=model, p=s.prefix:
-                                        run_sequence(m, lambda a: m(*a), shape, w, p), cal,
-                                        stride=sample_stride(len(cal) * s.length))
-                chosen = grid_smooth_in_place(model.layers, samples, v.recipe.group_size)
-                smooth = {**grid_smooth_facts(chosen, v.recipe.group_size, samples),
-                          "corpus": calibration_corpus, "samples": len(cal),
+                facts = grid_smooth(model.layers, lambda w, m=model, p=s.prefix: run_sequence(
+                    m, lambda a: m(*a), shape, w, p), cal, len(cal) * s.length,
+                    v.recipe.group_size)
+                smooth = {**facts, "corpus": calibration_corpus, "samples": len(cal),
                           "tokens": len(cal) * s.length}
-                del samples
             apply_recipe(model, v.recipe)
             quantize_s = time.perf_counter() - t0
             t1 = time.perf_counter()

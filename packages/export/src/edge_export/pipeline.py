@@ -275,35 +275,13 @@ def _layers(model) -> torch.nn.ModuleList:
 
 def _grid_smooth(job: Job, record: dict) -> None:
     """Grid-keeping scales searched on the float model's calibration inputs, folded before
-    8da4w rounds the weights (edge_export.smooth.grid_smooth_in_place)."""
-    from edge_export.smooth import grid_smooth_in_place, input_samples
+    8da4w rounds the weights (edge_export.smooth.grid_smooth)."""
+    from edge_export.smooth import grid_smooth
 
     model = job.model
-    layers = _layers(model)
     windows = _calibration(job, record)
-    samples = input_samples(layers, lambda w: job.feed(lambda a: model(*a), w), windows,
-                            stride=sample_stride(len(windows) * job.length))
-    chosen = grid_smooth_in_place(layers, samples, job.req.group_size)
-    record["smooth"] = grid_smooth_facts(chosen, job.req.group_size, samples)
-
-
-def sample_stride(rows: int, keep: int = 4096) -> int:
-    """Every how many calibration rows the scale search keeps one (about `keep` in all)."""
-    return max(1, -(-rows // keep))
-
-
-def grid_smooth_facts(chosen: list[dict], group: int, samples) -> dict:
-    """What a record says of the grid-keeping scales that ran."""
-    def mean(key: str) -> float:
-        return sum(c[key] for c in chosen) / len(chosen)
-
-    return {"form": f"grid-keeping: one scale per group of {group} input channels",
-            "search": "per layer and site, the (alpha, beta) of a^alpha / w^beta that loses "
-                      "least of X W^T under int8 per-token activations",
-            "rows_per_site": int(samples[0][0].shape[0]),
-            "sites": len(chosen),
-            "sites_scaled": sum(1 for c in chosen if (c["alpha"], c["beta"]) != (0.0, 0.0)),
-            "local_error_mean": mean("error"), "local_error_unscaled_mean": mean("error_unscaled")}
+    record["smooth"] = grid_smooth(_layers(model), lambda w: job.feed(lambda a: model(*a), w),
+                                   windows, len(windows) * job.length, job.req.group_size)
 
 
 def _calibration(job: Job, record: dict) -> list[torch.Tensor]:

@@ -37,13 +37,28 @@ def input_absmax(layers: nn.ModuleList, run: Callable[[torch.Tensor], object],
     """max |x| per input channel of each norm-fed group, per block, over `run(window)` for
     every window (`run` feeds the model that owns `layers`)."""
     stats: list[dict[str, torch.Tensor]] = [{} for _ in layers]
+
+    def seen(i: int, j: int, x: torch.Tensor) -> None:
+        norm = GROUPS[j][0]
+        x = x.abs().amax(0).float()
+        old = stats[i].get(norm)
+        stats[i][norm] = x if old is None else torch.maximum(old, x)
+
+    _watch_inputs(layers, GROUPS, seen, run, windows)
+    if any(len(s) != len(GROUPS) for s in stats):
+        raise ValueError("no activations were seen: the windows never reached every block")
+    return stats
+
+
+def _watch_inputs(layers: nn.ModuleList, sites, seen: Callable[[int, int, torch.Tensor], None],
+                  run: Callable[[torch.Tensor], object], windows: Iterable[torch.Tensor]) -> None:
+    """`seen(block, site, x)` with the input rows [rows, in_features] of each site's first
+    linear (sites: (producer, linears) pairs), for `run(window)` of every window."""
     handles = []
     for i, block in enumerate(layers):
-        for norm, linears in GROUPS:
-            def hook(_m, args, i=i, norm=norm):
-                x = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0).float()
-                old = stats[i].get(norm)
-                stats[i][norm] = x if old is None else torch.maximum(old, x)
+        for j, (_, linears) in enumerate(sites):
+            def hook(_m, args, i=i, j=j):
+                seen(i, j, args[0].detach().reshape(-1, args[0].shape[-1]))
             handles.append(_get(block, linears[0]).register_forward_pre_hook(hook))
     try:
         for w in windows:
@@ -51,9 +66,6 @@ def input_absmax(layers: nn.ModuleList, run: Callable[[torch.Tensor], object],
     finally:
         for h in handles:
             h.remove()
-    if any(len(s) != len(GROUPS) for s in stats):
-        raise ValueError("no activations were seen: the windows never reached every block")
-    return stats
 
 
 def smooth_scales(act_absmax: torch.Tensor, weights: list[torch.Tensor],
@@ -110,23 +122,12 @@ def input_samples(layers: nn.ModuleList, run: Callable[[torch.Tensor], object],
                   windows: Iterable[torch.Tensor], stride: int = 1) -> list[list[torch.Tensor]]:
     """Every `stride`-th input row of each grid site's linears, per block, over `run(window)`
     for every window (fp32, [rows, in_features])."""
-    seen: list[list[list[torch.Tensor]]] = [[[] for _ in GRID_SITES] for _ in layers]
-    handles = []
-    for i, block in enumerate(layers):
-        for j, (_, linears) in enumerate(GRID_SITES):
-            def hook(_m, args, i=i, j=j):
-                x = args[0].detach().reshape(-1, args[0].shape[-1])
-                seen[i][j].append(x[::stride].float())
-            handles.append(_get(block, linears[0]).register_forward_pre_hook(hook))
-    try:
-        for w in windows:
-            run(w)
-    finally:
-        for h in handles:
-            h.remove()
-    if any(not rows for block in seen for rows in block):
+    rows: list[list[list[torch.Tensor]]] = [[[] for _ in GRID_SITES] for _ in layers]
+    _watch_inputs(layers, GRID_SITES, lambda i, j, x: rows[i][j].append(x[::stride].float()),
+                  run, windows)
+    if any(not site for block in rows for site in block):
         raise ValueError("no activations were seen: the windows never reached every block")
-    return [[torch.cat(rows) for rows in block] for block in seen]
+    return [[torch.cat(site) for site in block] for block in rows]
 
 
 def fake_int8_per_token(x: torch.Tensor) -> torch.Tensor:
@@ -139,9 +140,10 @@ def fake_int8_per_token(x: torch.Tensor) -> torch.Tensor:
 
 
 def group_scales(x: torch.Tensor, weight: torch.Tensor,
-                 group: int) -> tuple[torch.Tensor, list[float]]:
+                 group: int) -> tuple[torch.Tensor, list[float], int]:
     """The grid-keeping scale per input channel for inputs `x` [rows, in] of `weight`
-    [out, in] (the site's linears stacked), and each candidate's relative error."""
+    [out, in] (the site's linears stacked), each candidate's relative error, and the index in
+    CANDIDATES of the one chosen (the least error)."""
     if x.shape[1] % group:
         raise ValueError(f"in_features {x.shape[1]} is not a multiple of the group {group}")
     w = weight.float()
@@ -149,14 +151,13 @@ def group_scales(x: torch.Tensor, weight: torch.Tensor,
     a = x.abs().amax(0).view(-1, group).amax(-1).clamp(min=1e-5)
     wmax = w.abs().amax(0).view(-1, group).amax(-1).clamp(min=1e-5)
     norm = ref.pow(2).sum().clamp(min=1e-30)
-    best, errors = None, []
+    scales, errors = [], []
     for alpha, beta in CANDIDATES:
         s = (a.pow(alpha) / wmax.pow(beta)).repeat_interleave(group)
-        err = float((fake_int8_per_token(x / s) @ (w * s).T - ref).pow(2).sum() / norm)
-        if best is None or err < best[0]:
-            best = (err, s)
-        errors.append(err)
-    return best[1], errors
+        scales.append(s)
+        errors.append(float((fake_int8_per_token(x / s) @ (w * s).T - ref).pow(2).sum() / norm))
+    pick = min(range(len(errors)), key=errors.__getitem__)
+    return scales[pick], errors, pick
 
 
 @torch.no_grad()
@@ -168,7 +169,7 @@ def grid_smooth_in_place(layers: nn.ModuleList, samples: list[list[torch.Tensor]
     for block, block_samples in zip(layers, samples, strict=True):
         for (producer_name, linear_names), x in zip(GRID_SITES, block_samples, strict=True):
             linears = [_get(block, name) for name in linear_names]
-            s, errors = group_scales(x, torch.cat([m.weight for m in linears]), group)
+            s, errors, pick = group_scales(x, torch.cat([m.weight for m in linears]), group)
             for m in linears:
                 m.weight.mul_(s.to(m.weight.dtype))
             producer = _get(block, producer_name)
@@ -178,8 +179,31 @@ def grid_smooth_in_place(layers: nn.ModuleList, samples: list[list[torch.Tensor]
                     producer.bias.div_(s.to(producer.bias.dtype))
             else:
                 producer.weight.div_(s.to(producer.weight.dtype))
-            pick = min(range(len(errors)), key=errors.__getitem__)
             chosen.append({"site": linear_names[0], "alpha": CANDIDATES[pick][0],
                            "beta": CANDIDATES[pick][1], "error": errors[pick],
                            "error_unscaled": errors[0]})
     return chosen
+
+
+def sample_stride(rows: int, keep: int = 4096) -> int:
+    """Every how many calibration rows the scale search keeps one (about `keep` in all)."""
+    return max(1, -(-rows // keep))
+
+
+def grid_smooth(layers: nn.ModuleList, run: Callable[[torch.Tensor], object],
+                windows: list[torch.Tensor], rows: int, group: int) -> dict:
+    """Sample the calibration inputs (`rows` in all over `windows`), fold the grid-keeping
+    scales in, and return what a record says of them."""
+    samples = input_samples(layers, run, windows, stride=sample_stride(rows))
+    chosen = grid_smooth_in_place(layers, samples, group)
+
+    def mean(key: str) -> float:
+        return sum(c[key] for c in chosen) / len(chosen)
+
+    return {"form": f"grid-keeping: one scale per group of {group} input channels",
+            "search": "per layer and site, the (alpha, beta) of a^alpha / w^beta that loses "
+                      "least of X W^T under int8 per-token activations",
+            "rows_per_site": int(samples[0][0].shape[0]),
+            "sites": len(chosen),
+            "sites_scaled": sum(1 for c in chosen if (c["alpha"], c["beta"]) != (0.0, 0.0)),
+            "local_error_mean": mean("error"), "local_error_unscaled_mean": mean("error_unscaled")}
