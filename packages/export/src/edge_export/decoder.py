@@ -252,11 +252,16 @@ def chunk_inputs(model, shape: StaticShape, first, start: int, k_cache, v_cache)
     t, p = shape.chunk, shape.past
     positions = torch.arange(start, start + t)
     cos, sin = model.rope(positions)
-    masked = model.mask_value
-    mask = torch.full((t, p + t), masked)
+    return (first, cos, sin, chunk_mask(t, p, start, model.mask_value), k_cache, v_cache)
+
+
+def chunk_mask(t: int, past: int, start: int, masked: float) -> torch.Tensor:
+    """The additive mask [t, past + t] of a call whose cache holds `start` valid slots of
+    `past`: 0 where a new token may attend, `masked` elsewhere."""
+    mask = torch.full((t, past + t), masked)
     mask[:, :start] = 0.0  # every valid past slot is earlier than every new token
-    mask[:, p:] = torch.triu(torch.full((t, t), masked), diagonal=1)
-    return (first, cos, sin, mask, k_cache, v_cache)
+    mask[:, past:] = torch.triu(torch.full((t, t), masked), diagonal=1)
+    return mask
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ class ExecuTorchRunner:
         from executorch.extension.pybindings import portable_lib
         from executorch.runtime import Runtime
 
-        from edge_export.decoder import FLOAT_MASK_VALUE
+        from edge_export.decoder import FLOAT_MASK_VALUE, chunk_mask
 
         path = Path(build.path)
         meta = json.loads(path.with_suffix(".json").read_text())
@@ -165,6 +165,7 @@ class ExecuTorchRunner:
         portable_lib._unsafe_reset_threadpool(threads)
         self.torch = torch
         self.mask_value = FLOAT_MASK_VALUE  # the XNNPACK graphs' mask (StaticDecoder)
+        self.chunk_mask = chunk_mask  # the same mask the export scored its graphs with
         self.context, self.chunk = context, meta["prefill_chunk"]
         layers, kv_heads, head_dim = meta["cache"]
         self.cache_shape = lambda slots: (layers, kv_heads, slots, head_dim)
@@ -188,11 +189,8 @@ class ExecuTorchRunner:
         torch = self.torch
         t = len(tokens)
         past = self.context - t
-        mask = torch.full((t, past + t), self.mask_value)
-        mask[:, :start] = 0.0
-        mask[:, past:] = torch.triu(torch.full((t, t), self.mask_value), diagonal=1)
         args = [torch.tensor([tokens], dtype=torch.int32), self.cos[start:start + t],
-                self.sin[start:start + t], mask, k, v]
+                self.sin[start:start + t], self.chunk_mask(t, past, start, self.mask_value), k, v]
         return self.methods[method].execute(args)
 
     def _cache(self, method: str):
