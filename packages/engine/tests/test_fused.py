@@ -41,10 +41,12 @@ def rope(x, cos, sin, rot):
     return torch.cat([a * c - b * s, b * c + a * s, rest], -1).to(dtype)
 
 
-CASES = {  # hidden, heads, kv heads, head dim, rotary dim, ffn, group, q/k norm, gate, act, rows
-    "qwen3-like": (256, 4, 2, 64, 64, 384, 64, True, False, 0, 1),
-    "smollm2-like": (192, 3, 1, 64, 64, 320, 64, False, False, 0, 3),
-    "spark-like": (256, 2, 1, 128, 64, 384, 128, False, True, 1, 2),
+CASES = {  # hidden, heads, kv heads, head dim, rotary dim, ffn, group, q/k norm, gate, act, rows,
+    # qkv bias
+    "qwen3-like": (256, 4, 2, 64, 64, 384, 64, True, False, 0, 1, False),
+    "qwen2-like": (256, 4, 2, 64, 64, 384, 64, False, False, 0, 2, True),
+    "smollm2-like": (192, 3, 1, 64, 64, 320, 64, False, False, 0, 3, False),
+    "spark-like": (256, 2, 1, 128, 64, 384, 128, False, True, 1, 2, False),
 }
 
 
@@ -59,7 +61,7 @@ def test_layer_ops_match_torch(case, dtype):
     from edge_infer.kernels import ops
 
     ops.load()
-    hidden, nq, nkv, d, rot, ffn, group, qk_norm, gated, act, m = case
+    hidden, nq, nkv, d, rot, ffn, group, qk_norm, gated, act, m, biased = case
     gen = torch.Generator().manual_seed(hidden + nq + act)
     qkv = make_linear((nq + 2 * nkv) * d, hidden, group, gen, dtype)
     o = make_linear(hidden, nq * d, group, gen, dtype)
@@ -74,16 +76,18 @@ def test_layer_ops_match_torch(case, dtype):
     x = torch.randn(m, hidden, generator=gen).to(dtype)
     residual = torch.randn(m, hidden, generator=gen).to(dtype)
     attn = torch.randn(m, nq * d, generator=gen).to(dtype)
+    # Qwen2's QKV bias is large beside its GEMV's output (what the fused op must not drop)
+    bias = torch.randn((nq + 2 * nkv) * d, generator=gen).to(dtype) if biased else None
 
     # attn_in, in place on a copy of the residual
     res = residual.clone()
     got_qkv, got_gates = torch.ops.edge_w4.attn_in(
         res, x, ln1, 1e-6, *qkv["args"], qn, kn, 1e-6, cos_sin, positions, nq, nkv, d, rot,
-        gate_w)
+        gate_w, bias)
     want_res = (residual.float() + x.float()).to(dtype)
     assert res.dtype == got_qkv.dtype == dtype and torch.equal(res, want_res)
     h = rms(want_res, ln1, 1e-6)
-    y = linear(qkv, h)
+    y = qkv["kernel"].forward(h, qkv["p"], bias)
     q = y[:, : nq * d].view(m, nq, d)
     k = y[:, nq * d : (nq + nkv) * d].view(m, nkv, d)
     if qk_norm:
@@ -154,6 +158,55 @@ def test_fused_decode_scores_like_the_unfused_forward(smollm2, tmp_path, monkeyp
         # forwards differ only in summation order: 5e-6 mean, 3e-5 at most
         mean, worst = (0.1, 0.5) if dtype == "bfloat16" else (1e-3, 1e-2)
         assert sum(diffs) / len(diffs) < mean and max(diffs) < worst, diffs
+    finally:
+        del engine
+        gc.collect()
+
+
+def test_fused_decode_adds_the_qkv_bias(tmp_path, monkeypatch):
+    """A Qwen2 layer has a QKV bias (qwen2.5-coder's is large beside its GEMV's output): the
+    fused path takes the layer and its decode scores like the unfused forward in fp32, the
+    AVX2 dtype. A tiny random Qwen2 with biases of std 1, so a dropped bias costs nats."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from conftest import decode_against_scoring
+    from edge_infer import profiles
+    from edge_infer.quant.checkpoint import quantize_checkpoint
+    from edge_infer.quant.config import W4Config
+    from edge_infer.serve.offline import make_llm
+    from edge_infer.serve.resolve import Resolved
+    from edge_infer.serve.runtime import vllm_env
+    from edge_infer.testing import tiny_bpe_tokenizer
+
+    hf = tmp_path / "hf"
+    tok = tiny_bpe_tokenizer(hf)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                assert proj.bias is not None
+                proj.bias.normal_(0, 1)
+    model.eval().save_pretrained(hf)
+
+    prof = profiles.load("smollm2-135m")
+    for k, v in vllm_env(prof).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("EDGE_INFER_FUSED_DECODE", "1")
+    checkpoint = tmp_path / "w4"
+    quantize_checkpoint(hf, checkpoint, W4Config(group_size=64))
+    engine = make_llm(Resolved(checkpoint, "w4", prof), prefix_caching=False, max_model_len=256,
+                      enforce_eager=True, dtype="float32")
+    try:
+        ids = tok(PROMPT)["input_ids"]
+        diffs, steps = decode_against_scoring(engine, ids, 16)
+        (has_bias,) = engine.apply_model(
+            lambda m: all(lay.qkv.bias is not None for lay in m.__dict__["_edge_fused"].layers))
+        assert has_bias and steps >= 15, (has_bias, steps)
+        assert sum(diffs) / len(diffs) < 1e-3 and max(diffs) < 1e-2, diffs
     finally:
         del engine
         gc.collect()

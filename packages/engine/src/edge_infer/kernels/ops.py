@@ -30,7 +30,7 @@ def load() -> None:
     # the fused decoder-layer ops (csrc/edge_layer.cpp; used by edge_infer.vllm_ext.fused)
     @torch.library.register_fake("edge_w4::attn_in")
     def _(residual, x, ln, eps, wq, ws, wz, meta, q_norm, k_norm, head_eps, cos_sin, positions,
-          nq, nkv, d, rot, gate_w):
+          nq, nkv, d, rot, gate_w, qkv_bias):
         m = residual.shape[0]
         gates = residual.new_empty((m, nq) if gate_w is not None else (0,))
         return residual.new_empty((m, (nq + 2 * nkv) * d)), gates

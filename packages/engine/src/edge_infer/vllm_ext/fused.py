@@ -15,7 +15,7 @@ the LM head and sampling. Prefill and mixed steps, and any model this
 path does not cover, run vLLM's (compiled) forward unchanged, which is also the reference the
 tests hold this path to.
 
-Covered: vLLM's Llama-family decoder layers (Llama, Qwen2 without QKV bias, Qwen3 with its
+Covered: vLLM's Llama-family decoder layers (Llama, Qwen2 with its QKV bias, Qwen3 with its
 q/k norms) whose linears all run our kernels (edge_w4), bf16 or fp32 activations (fp32 where
 the CPU has no bf16 arithmetic, as on AVX2), NeoX rope, SiLU or exact GELU.
 `EDGE_INFER_FUSED_DECODE=0` turns it off (the ablation and the reference).
@@ -53,19 +53,23 @@ class Linear:
     s: torch.Tensor
     z: torch.Tensor | None
     meta: list[int]
+    bias: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, module: torch.nn.Module, what: str) -> Linear:
+    def of(cls, module: torch.nn.Module, what: str, bias: bool = False) -> Linear:
+        """`bias`: the linear may have one (the fused op adds it; only the QKV's takes one)."""
         from edge_infer.kernels.w4a16 import _Edge
 
         kernel = getattr(module, "w4_kernel", None)
         if kernel is None or not issubclass(kernel, _Edge):
             raise Unsupported(f"{what} does not run an edge_w4 kernel")
-        if getattr(module, "bias", None) is not None:
+        b = getattr(module, "bias", None)
+        if b is not None and not bias:
             raise Unsupported(f"{what} has a bias")
         p = module.w4_packed
         return cls(p["q"], p["s"], p["z"], [p["group"], p["layout"], p["isa"], p["small_m_max"],
-                                            _Edge.TILE])
+                                            _Edge.TILE],
+                   None if b is None else b.detach().contiguous())
 
 
 def _norm(module: torch.nn.Module, what: str) -> tuple[torch.Tensor, float]:
@@ -189,7 +193,10 @@ class Layer:
         cos_sin = tables.get(id(rope))
         if cos_sin is None:
             cos_sin = tables[id(rope)] = rope.cos_sin_cache.to(dtype).float().contiguous()
-        return cls(ln1, eps1, Linear.of(qkv_proj, f"layer {i} qkv_proj"), q_norm, k_norm,
+        qkv = Linear.of(qkv_proj, f"layer {i} qkv_proj", bias=True)
+        if qkv.bias is not None and qkv.bias.dtype != dtype:
+            raise Unsupported(f"layer {i}: the QKV bias is {qkv.bias.dtype}, not {dtype}")
+        return cls(ln1, eps1, qkv, q_norm, k_norm,
                    head_eps, cos_sin, int(rope.rotary_dim), attn, attn.layer_name,
                    getattr(attn, "isa", ""),
                    impl.scale, float(impl.logits_soft_cap), int(impl.sliding_window),
@@ -253,7 +260,8 @@ class FusedDecode:
             kc, vc = lay.caches()
             meta = metas[lay.name]
             x = decode_layer(residual, x, *lay.head, positions, self.nq, self.nkv, self.d, lay.rot,
-                             lay.gate_w, kc, vc, slots[lay.name], lay.isa, lay.k_scale, lay.v_scale,
+                             lay.gate_w, lay.qkv.bias, kc, vc, slots[lay.name], lay.isa,
+                             lay.k_scale, lay.v_scale,
                              meta.query_start_loc, meta.seq_lens, lay.scale, meta.causal, lay.alibi,
                              lay.window, meta.block_table, lay.softcap, meta.scheduler_metadata,
                              meta.dynamic_causal, meta.num_actual_tokens, *lay.tail)

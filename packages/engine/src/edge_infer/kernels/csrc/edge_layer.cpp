@@ -1,7 +1,7 @@
 // The decoder layer of a decode step in two calls around vLLM's attention (ops
 // edge_w4::attn_in and edge_w4::mlp_out), for the fused decode path
 // (edge_infer.vllm_ext.fused). A pre-norm layer is
-//     residual += x; h = rmsnorm(residual) * ln1; qkv = W_qkv h; per-head q/k norm; rope
+//     residual += x; h = rmsnorm(residual) * ln1; qkv = W_qkv h (+ bias); per-head q/k norm; rope
 //     [vLLM attention: KV-cache write, attention over the cache]
 //     residual += W_o attn; h = rmsnorm(residual) * ln2; x = W_down (act(W_gate h) * W_up h)
 // At decode the norms, rope and activation cost a few microseconds; run as separate ops
@@ -220,7 +220,8 @@ auto by_dtype(const torch::Tensor& residual, F&& f) {
   return f(bf16{});
 }
 
-// residual [M, H] (updated in place), x [M, H] or absent -> qkv [M, (nq + 2 nkv) d] with q and
+// residual [M, H] (updated in place), x [M, H] or absent -> qkv [M, (nq + 2 nkv) d] (plus
+// qkv_bias, T [(nq + 2 nkv) d], when given: Qwen2's) with q and
 // k normed per head (when q_norm/k_norm are given) and rotated at `positions`; and, when
 // gate_w (T [nq, H], an unquantized per-head output gate) is given, the gates
 // sigmoid(gate_w h) [M, nq] T (else an empty tensor). T is the residual's dtype.
@@ -231,7 +232,8 @@ std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c
                       c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
                       const c10::optional<torch::Tensor>& k_norm, double head_eps,
                       const torch::Tensor& cos_sin, const torch::Tensor& positions, int64_t nq,
-                      int64_t nkv, int64_t d, int64_t rot, const c10::optional<torch::Tensor>& gate_w) {
+                      int64_t nkv, int64_t d, int64_t rot, const c10::optional<torch::Tensor>& gate_w,
+                      const c10::optional<torch::Tensor>& qkv_bias) {
   return by_dtype(residual, [&](auto t) {
     using T = decltype(t);
     const int64_t m = residual.size(0), hidden = residual.size(1);
@@ -273,6 +275,13 @@ std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c
     auto qkv = apply(h, wq, ws, wz, meta);
     const int64_t width = (nq + 2 * nkv) * d;
     check_rows<T>(qkv, width, "qkv");
+    const T* bias = nullptr;
+    if (qkv_bias.has_value()) {
+      TORCH_CHECK(qkv_bias->scalar_type() == residual.scalar_type() && qkv_bias->is_contiguous() &&
+                      qkv_bias->numel() == width,
+                  "edge_w4: qkv_bias must be contiguous, in the activations' dtype, with ", width, " values");
+      bias = qkv_bias->data_ptr<T>();
+    }
     const auto pos = positions.contiguous();
     const int64_t* pp = pos.data_ptr<int64_t>();
     const int64_t max_pos = cos_sin.size(0);
@@ -280,6 +289,10 @@ std::tuple<torch::Tensor, torch::Tensor> attn_in(torch::Tensor residual, const c
       TORCH_CHECK(pp[r] >= 0 && pp[r] < max_pos, "edge_w4: position ", pp[r], " outside the rope table");
       const float* cs = cos_sin.data_ptr<float>() + pp[r] * rot;
       T* row = qkv.data_ptr<T>() + r * width;
+      // the linear's output rounded to T, then the bias added and rounded, as the eager `y + bias`
+      if (bias) {
+        for (int64_t i = 0; i < width; ++i) row[i] = T(static_cast<float>(row[i]) + static_cast<float>(bias[i]));
+      }
       for (int64_t hd = 0; hd < nq; ++hd) head_norm_rope(row + hd * d, d, qw, head_eps, cs, cs + rot / 2, rot);
       for (int64_t hd = 0; hd < nkv; ++hd) {
         head_norm_rope(row + (nq + hd) * d, d, kw, head_eps, cs, cs + rot / 2, rot);
@@ -413,7 +426,7 @@ torch::Tensor decode_layer(
     c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
     const c10::optional<torch::Tensor>& k_norm, double head_eps, const torch::Tensor& cos_sin,
     const torch::Tensor& positions, int64_t nq, int64_t nkv, int64_t d, int64_t rot,
-    const c10::optional<torch::Tensor>& gate_w,
+    const c10::optional<torch::Tensor>& gate_w, const c10::optional<torch::Tensor>& qkv_bias,
     // attention: the cache views, this step's metadata and the layer's constants
     torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
     const std::string& isa, double k_scale, double v_scale, const torch::Tensor& query_start_loc,
@@ -428,7 +441,7 @@ torch::Tensor decode_layer(
     const torch::Tensor& dq, const torch::Tensor& ds, const c10::optional<torch::Tensor>& dz,
     c10::IntArrayRef dmeta, int64_t act) {
   auto [qkv, gates] = attn_in(residual, x, ln, eps, wq, ws, wz, meta, q_norm, k_norm, head_eps,
-                              cos_sin, positions, nq, nkv, d, rot, gate_w);
+                              cos_sin, positions, nq, nkv, d, rot, gate_w, qkv_bias);
   const int64_t m = residual.size(0);
   TORCH_CHECK(num_actual_tokens >= 0 && num_actual_tokens <= m, "edge_w4: num_actual_tokens out of range");
   auto q = qkv.narrow(1, 0, nq * d).view({m, nq, d});
@@ -458,7 +471,7 @@ torch::Tensor decode_layer(
 TORCH_LIBRARY_FRAGMENT(edge_w4, m) {
   m.def("decode_layer(Tensor(a!) residual, Tensor? x, Tensor ln, float eps, Tensor wq, Tensor ws, "
         "Tensor? wz, int[] meta, Tensor? q_norm, Tensor? k_norm, float head_eps, Tensor cos_sin, "
-        "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w, "
+        "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w, Tensor? qkv_bias, "
         "Tensor(b!) key_cache, Tensor(c!) value_cache, Tensor slot_mapping, str isa, float k_scale, "
         "float v_scale, Tensor query_start_loc, Tensor seq_lens, float scale, bool causal, "
         "Tensor? alibi, int window, Tensor block_table, float softcap, Tensor scheduler_metadata, "
@@ -467,7 +480,8 @@ TORCH_LIBRARY_FRAGMENT(edge_w4, m) {
         "Tensor? gz, int[] gmeta, Tensor dq, Tensor ds, Tensor? dz, int[] dmeta, int act) -> Tensor");
   m.def("attn_in(Tensor(a!) residual, Tensor? x, Tensor ln, float eps, Tensor wq, Tensor ws, "
         "Tensor? wz, int[] meta, Tensor? q_norm, Tensor? k_norm, float head_eps, Tensor cos_sin, "
-        "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w) -> (Tensor, Tensor)");
+        "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w, Tensor? qkv_bias) "
+        "-> (Tensor, Tensor)");
   m.def("mlp_out(Tensor(a!) residual, Tensor attn, Tensor oq, Tensor os, Tensor? oz, int[] ometa, "
         "Tensor ln, float eps, Tensor gq, Tensor gs, Tensor? gz, int[] gmeta, Tensor dq, Tensor ds, "
         "Tensor? dz, int[] dmeta, int act, Tensor? head_gate) -> Tensor");
