@@ -127,6 +127,28 @@ def test_a_table_and_its_ratios_come_from_the_newest_run_only(tmp_path):
     assert "w4a8 / q4_0 | 2.18" in section and "w4a16" not in section
 
 
+def test_each_table_names_its_own_run_and_machine(tmp_path):
+    """Each model's newest run may be another machine's: its section says which run, commit
+    and CPU it shows, and comparison.md's serving rows name their CPU (the page header's list
+    of machines cannot say which table is whose)."""
+    results = tmp_path / "serve.jsonl"
+    runs = [("m-a", "20261203T100000-1", "Xeon", "avx512", "GenuineIntel 6/207/2"),
+            ("m-b", "20261207T100000-1", "EPYC", "avx2", "AuthenticAMD 25/1/1")]
+    for model, run, cpu, isa, cpu_id in runs:
+        for rec in [_record("ours", "w4a8", 8, 100.0, 900.0, run_id=run),
+                    _record("llama.cpp", "q4_0", 8, 50.0, 1800.0, run_id=run)]:
+            rec.model, rec.cpu_model, rec.isa, rec.cpu_id = model, cpu, isa, cpu_id
+            append_record(results, rec)
+    text = page.render(results, tmp_path).read_text()
+    a, b = text.split("## m-b")
+    assert "Run `20261203T100000-1`, git abc, on Xeon (avx512, GenuineIntel 6/207/2)" in a
+    assert "Run `20261207T100000-1`, git abc, on EPYC (avx2, AuthenticAMD 25/1/1)" in b
+    from edge_harness.report.comparison import serve_section
+    section = serve_section(tmp_path)
+    assert "| m-a | Xeon (avx512, GenuineIntel 6/207/2) | 8 | w4a8 / q4_0 | 2.00 |" in section
+    assert "| m-b | EPYC (avx2, AuthenticAMD 25/1/1) | 8 | w4a8 / q4_0 | 2.00 |" in section
+
+
 def test_a_window_that_lost_requests_keeps_the_server_log_and_its_errors(edge_home, tmp_path):
     log = tmp_path / "llama.cpp.log"
     log.write_text("0.00.1 I srv load_model: n_ctx_slot = 1344\n"
@@ -239,8 +261,8 @@ def test_the_comparison_page_shows_serving_and_task_quality(tmp_path):
                 _record("ours", "w4a16", 4, 80.0, 800.0), failing]:
         append_record(tmp_path / "serve.jsonl", rec)
     md = render(tmp_path)
-    assert "| smollm2-135m | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in md
-    assert "| smollm2-135m | 4 | w4a16 / q4_0 | 2.00 (llama.cpp failed 1) | 1.00 |" in md
+    assert "| smollm2-135m | cpu (avx2) | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in md
+    assert "| smollm2-135m | cpu (avx2) | 4 | w4a16 / q4_0 | 2.00 (llama.cpp failed 1) | 1.00 |" in md
     assert "no tasks.jsonl" in md
     task = {"kind": "humaneval", "model": "m", "engine": "ours", "quant": "w4a16",
             "base": "ours:bf16", "problems": 164, "passed": 41, "pass_at_1": 0.25,

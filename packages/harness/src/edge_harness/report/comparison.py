@@ -192,15 +192,16 @@ def serve_section(results: Path) -> str:
         return "## Serving under load\n\n(no serve.jsonl: run `nox -s bench-serve`)\n"
     rows = []
     for model in sorted({r.model for r in shown}):
-        rows += serve.ratio_rows(sorted((r for r in shown if r.model == model), key=serve.order))
-    cpus = sorted({f"{r.cpu_model} ({r.isa})" for r in shown})
+        mine = sorted((r for r in shown if r.model == model), key=serve.order)
+        # each model's newest run may be another machine's: every row names its own
+        rows += [[row[0], machine_label(mine[0]), *row[1:]] for row in serve.ratio_rows(mine)]
     return ("## Serving under load: ours / llama-server\n\nOutput throughput (> 1: ours serves "
             "more) and p99 time to first token (< 1: ours answers sooner) at each concurrency, "
-            "vLLM's serving client against both servers, one at a time on the same cores. "
-            f"Machine: {'; '.join(cpus)}. Details, latencies and commands: "
+            "vLLM's serving client against both servers, one at a time on the same cores of "
+            "the machine named. Details, latencies, runs and commands: "
             "[../results/serve.md](../results/serve.md).\n\n"
-            + md_table(["model", "concurrency", "pair", "output tok/s ratio", "TTFT p99 ratio"],
-                       rows) + "\n")
+            + md_table(["model", "machine", "concurrency", "pair", "output tok/s ratio",
+                        "TTFT p99 ratio"], rows) + "\n")
 
 
 def tasks_section(results: Path) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from edge_harness.record import Record, read_records
 from edge_harness.report.printers import md_table
-from edge_harness.report.render import latest, provenance
+from edge_harness.report.render import latest, machine_label, provenance
 
 KIND = "serve"  # bench.serve.KIND (not imported: that module imports the servers' machinery)
 COLUMNS = ["concurrency", "engine", "quant", "output tok/s", "req/s", "TTFT p50 ms",
@@ -95,13 +95,22 @@ def render(results: Path, out: Path) -> Path:
                     f"{w['output_len'][0]}-{w['output_len'][1]}"
                     + (f", a shared prefix of {prefix} tokens (prefix caching on)" if prefix
                        else ", random prompts (prefix caching off)"))
-            parts.append(f"\n## {model}: {what}\n\n" + table(sub))
+            parts.append(f"\n## {model}: {what}\n\n{run_line(sub)}\n\n" + table(sub))
     if shown:
         png = plot(shown, out / "serve.png")
         parts.append(f"\n## Plot\n\n![serve]({png.name})\n")
     page = out / "serve.md"
     page.write_text("".join(parts))
     return page
+
+
+def run_line(records: list[Record]) -> str:
+    """The one run a table shows: its id, git state, machine and threads (tables of one page
+    may come from different machines; a tok/s says nothing without its CPU)."""
+    r = records[0]
+    git = (r.git_commit or "?")[:10] + (" (dirty)" if r.git_dirty else "")
+    return (f"Run `{r.run_id}`, git {git}, on {machine_label(r)}, "
+            f"{r.threads} threads on cores {r.cores}.")
 
 
 def header(shown: list[Record]) -> str:
