@@ -128,9 +128,9 @@ def test_a_table_and_its_ratios_come_from_the_newest_run_only(tmp_path):
 
 
 def test_each_table_names_its_own_run_and_machine(tmp_path):
-    """Each model's newest run may be another machine's: its section says which run, commit
-    and CPU it shows, and comparison.md's serving rows name their CPU (the page header's list
-    of machines cannot say which table is whose)."""
+    """One table per model, workload and machine: a newer run on another CPU adds its own table
+    and never replaces this one's; each section says which run, commit and CPU it shows, and
+    comparison.md's serving rows name their CPU and workload."""
     results = tmp_path / "serve.jsonl"
     runs = [("m-a", "20261203T100000-1", "Xeon", "avx512", "GenuineIntel 6/207/2"),
             ("m-b", "20261207T100000-1", "EPYC", "avx2", "AuthenticAMD 25/1/1")]
@@ -139,14 +139,28 @@ def test_each_table_names_its_own_run_and_machine(tmp_path):
                     _record("llama.cpp", "q4_0", 8, 50.0, 1800.0, run_id=run)]:
             rec.model, rec.cpu_model, rec.isa, rec.cpu_id = model, cpu, isa, cpu_id
             append_record(results, rec)
+    # a newer run of m-a on the other machine adds its table; the Xeon's stays
+    for rec in [_record("ours", "w4a8", 8, 60.0, 900.0, run_id="20261208T100000-1"),
+                _record("llama.cpp", "q4_0", 8, 50.0, 1800.0, run_id="20261208T100000-1")]:
+        rec.model, rec.cpu_model, rec.isa, rec.cpu_id = "m-a", "EPYC", "avx2", "AuthenticAMD 25/1/1"
+        append_record(results, rec)
+    # m-b's shared-prefix workload: its own table and its own rows, named as such
+    for rec in [_record("ours", "w4a8", 8, 90.0, 900.0, run_id="20261207T110000-1"),
+                _record("llama.cpp", "q4_0", 8, 30.0, 1800.0, run_id="20261207T110000-1")]:
+        rec.model, rec.test = "m-b", "serve_c8_prefix256"
+        rec.extra["workload"]["shared_prefix"] = 256
+        append_record(results, rec)
     text = page.render(results, tmp_path).read_text()
-    a, b = text.split("## m-b")
+    a, b = text.split("## m-b", 1)
     assert "Run `20261203T100000-1`, git abc, on Xeon (avx512, GenuineIntel 6/207/2)" in a
     assert "Run `20261207T100000-1`, git abc, on EPYC (avx2, AuthenticAMD 25/1/1)" in b
     from edge_harness.report.comparison import serve_section
     section = serve_section(tmp_path)
-    assert "| m-a | Xeon (avx512, GenuineIntel 6/207/2) | 8 | w4a8 / q4_0 | 2.00 |" in section
-    assert "| m-b | EPYC (avx2, AuthenticAMD 25/1/1) | 8 | w4a8 / q4_0 | 2.00 |" in section
+    assert "| m-a | random | Xeon (avx512, GenuineIntel 6/207/2) | 8 | w4a8 / q4_0 | 2.00 |" in section
+    assert "| m-b | random | EPYC (avx2, AuthenticAMD 25/1/1) | 8 | w4a8 / q4_0 | 2.00 |" in section
+    assert "| m-b | shared prefix 256 | cpu (avx2) | 8 | w4a8 / q4_0 | 3.00 |" in section
+    assert "| m-a | random | EPYC (avx2, AuthenticAMD 25/1/1) | 8 | w4a8 / q4_0 | 1.20 |" in section
+    assert "Run `20261208T100000-1`, git abc, on EPYC (avx2, AuthenticAMD 25/1/1)" in a
 
 
 def test_a_window_that_lost_requests_keeps_the_server_log_and_its_errors(edge_home, tmp_path):
@@ -261,8 +275,9 @@ def test_the_comparison_page_shows_serving_and_task_quality(tmp_path):
                 _record("ours", "w4a16", 4, 80.0, 800.0), failing]:
         append_record(tmp_path / "serve.jsonl", rec)
     md = render(tmp_path)
-    assert "| smollm2-135m | cpu (avx2) | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in md
-    assert "| smollm2-135m | cpu (avx2) | 4 | w4a16 / q4_0 | 2.00 (llama.cpp failed 1) | 1.00 |" in md
+    assert "| smollm2-135m | random | cpu (avx2) | 8 | w4a16 / q4_0 | 2.00 | 0.50 |" in md
+    assert ("| smollm2-135m | random | cpu (avx2) | 4 | w4a16 / q4_0 | 2.00 (llama.cpp failed 1) "
+            "| 1.00 |") in md
     assert "no tasks.jsonl" in md
     task = {"kind": "humaneval", "model": "m", "engine": "ours", "quant": "w4a16",
             "base": "ours:bf16", "problems": 164, "passed": 41, "pass_at_1": 0.25,

@@ -191,16 +191,19 @@ def serve_section(results: Path) -> str:
     if not shown:
         return "## Serving under load\n\n(no serve.jsonl: run `nox -s bench-serve`)\n"
     rows = []
-    for model in sorted({r.model for r in shown}):
-        mine = sorted((r for r in shown if r.model == model), key=serve.order)
-        # each model's newest run may be another machine's: every row names its own
-        rows += [[row[0], machine_label(mine[0]), *row[1:]] for row in serve.ratio_rows(mine)]
+    for key in sorted({serve.table_key(r) for r in shown}):
+        mine = sorted((r for r in shown if serve.table_key(r) == key), key=serve.order)
+        # one table per (model, workload, machine): every row names its machine
+        model, prefix, _ = key
+        workload = f"shared prefix {prefix}" if prefix else "random"
+        rows += [[row[0], workload, machine_label(mine[0]), *row[1:]]
+                 for row in serve.ratio_rows(mine)]
     return ("## Serving under load: ours / llama-server\n\nOutput throughput (> 1: ours serves "
             "more) and p99 time to first token (< 1: ours answers sooner) at each concurrency, "
             "vLLM's serving client against both servers, one at a time on the same cores of "
             "the machine named. Details, latencies, runs and commands: "
             "[../results/serve.md](../results/serve.md).\n\n"
-            + md_table(["model", "machine", "concurrency", "pair", "output tok/s ratio",
+            + md_table(["model", "workload", "machine", "concurrency", "pair", "output tok/s ratio",
                         "TTFT p99 ratio"], rows) + "\n")
 
 

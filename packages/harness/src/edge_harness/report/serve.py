@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from edge_harness.bench.merge import machine_id
 from edge_harness.record import Record, read_records
 from edge_harness.report.printers import md_table
-from edge_harness.report.render import latest, machine_label, provenance
+from edge_harness.report.render import latest_per_machine, machine_label, provenance
 
 KIND = "serve"  # bench.serve.KIND (not imported: that module imports the servers' machinery)
 COLUMNS = ["concurrency", "engine", "quant", "output tok/s", "req/s", "TTFT p50 ms",
@@ -29,23 +30,30 @@ def _row(r: Record) -> list[str]:
             _ms(r, "tpot", "p99"), str(x["failed"]), r.guard]
 
 
-def _prefix(r: Record) -> int:
+def prefix_of(r: Record) -> int:
+    """The workload's shared-prefix tokens (0: random prompts, caching off)."""
     return r.extra.get("workload", {}).get("shared_prefix", 0)
 
 
+def table_key(r: Record) -> tuple:
+    """What one table shows: a model, a workload, a machine (a newer run on another CPU
+    adds its own table; it never replaces this one's)."""
+    return (r.model, prefix_of(r), machine_id(r))
+
+
 def order(r: Record) -> tuple:
-    return (r.model, _prefix(r), r.extra["concurrency"], r.engine != "ours", r.quant)
+    return (r.model, prefix_of(r), r.extra["concurrency"], r.engine != "ours", r.quant)
 
 
 def newest_runs(records: list[Record]) -> list[Record]:
-    """Per (model, workload), the records of its newest run, newest of each (build,
+    """Per (model, workload, machine), the records of its newest run, newest of each (build,
     concurrency) within it. Both servers are measured in one run on one machine state; an
     older run of another build never fills in a row or a ratio beside them."""
     newest: dict[tuple, str] = {}
     for r in records:
-        key = (r.model, _prefix(r))
+        key = table_key(r)
         newest[key] = max(newest.get(key, r.run_id), r.run_id)
-    return latest([r for r in records if r.run_id == newest[(r.model, _prefix(r))]])
+    return latest_per_machine([r for r in records if r.run_id == newest[table_key(r)]])
 
 
 def table(records: list[Record]) -> str:
@@ -86,16 +94,16 @@ def render(results: Path, out: Path) -> Path:
     shown = newest_runs(read_records(results, kind=KIND))
     out.mkdir(parents=True, exist_ok=True)
     parts = [header(shown)]
-    for model in sorted({r.model for r in shown}):
-        rs = [r for r in shown if r.model == model]
-        for prefix in sorted({_prefix(r) for r in rs}):
-            sub = [r for r in rs if _prefix(r) == prefix]
-            w = sub[0].extra["workload"]
-            what = (f"prompts {w['input_len'][0]}-{w['input_len'][1]} tokens, outputs "
-                    f"{w['output_len'][0]}-{w['output_len'][1]}"
-                    + (f", a shared prefix of {prefix} tokens (prefix caching on)" if prefix
-                       else ", random prompts (prefix caching off)"))
-            parts.append(f"\n## {model}: {what}\n\n{run_line(sub)}\n\n" + table(sub))
+    for key in sorted({table_key(r) for r in shown}):
+        sub = [r for r in shown if table_key(r) == key]
+        model, prefix, _ = key
+        w = sub[0].extra["workload"]
+        what = (f"prompts {w['input_len'][0]}-{w['input_len'][1]} tokens, outputs "
+                f"{w['output_len'][0]}-{w['output_len'][1]}"
+                + (f", a shared prefix of {prefix} tokens (prefix caching on)" if prefix
+                   else ", random prompts (prefix caching off)"))
+        parts.append(f"\n## {model}, {sub[0].isa}: {what}\n\n{run_line(sub)}\n\n"
+                     + table(sub))
     if shown:
         png = plot(shown, out / "serve.png")
         parts.append(f"\n## Plot\n\n![serve]({png.name})\n")
@@ -139,12 +147,12 @@ def plot(records: list[Record], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = sorted({(r.model, r.extra["workload"]["shared_prefix"]) for r in records})
-    fig, axes = plt.subplots(2, len(models), figsize=(max(6, 4.5 * len(models)), 7),
+    tables = sorted({table_key(r) for r in records})
+    fig, axes = plt.subplots(2, len(tables), figsize=(max(6, 4.5 * len(tables)), 7),
                              squeeze=False)
-    for col, (model, prefix) in enumerate(models):
-        rs = [r for r in records
-              if r.model == model and r.extra["workload"]["shared_prefix"] == prefix]
+    for col, key in enumerate(tables):
+        model, prefix, _ = key
+        rs = [r for r in records if table_key(r) == key]
         for build in sorted({(r.engine, r.quant) for r in rs}):
             line = sorted((r for r in rs if (r.engine, r.quant) == build),
                           key=lambda r: r.extra["concurrency"])
@@ -154,7 +162,7 @@ def plot(records: list[Record], path: Path) -> Path:
             axes[0][col].plot(cs, [r.median for r in line], "o-", color=color, label=label)
             axes[1][col].plot(cs, [r.extra["ttft_ms"].get("p99", float("nan")) / 1000
                                    for r in line], "o-", color=color, label=label)
-        title = model + (f" (shared prefix {prefix})" if prefix else "")
+        title = f"{model}, {rs[0].isa}" + (f" (shared prefix {prefix})" if prefix else "")
         axes[0][col].set_title(title, fontsize=9)
         axes[0][col].set_ylabel("output tok/s")
         axes[1][col].set_ylabel("TTFT p99, s")
