@@ -191,10 +191,9 @@ def serve_section(results: Path) -> str:
     if not shown:
         return "## Serving under load\n\n(no serve.jsonl: run `nox -s bench-serve`)\n"
     rows = []
-    for key in sorted({serve.table_key(r) for r in shown}):
-        mine = sorted((r for r in shown if serve.table_key(r) == key), key=serve.order)
-        # one table per (model, workload, machine): every row names its machine
-        model, prefix, _ = key
+    # one table per (model, workload, machine): every row names its machine
+    for (_, prefix, _), rs in serve.tables(shown):
+        mine = sorted(rs, key=serve.order)
         workload = f"shared prefix {prefix}" if prefix else "random"
         rows += [[row[0], workload, machine_label(mine[0]), *row[1:]]
                  for row in serve.ratio_rows(mine)]

@@ -41,6 +41,13 @@ def table_key(r: Record) -> tuple:
     return (r.model, prefix_of(r), machine_id(r))
 
 
+def tables(records: list[Record]) -> list[tuple[tuple, list[Record]]]:
+    """Each table's key (table_key) and records, in page order: the one grouping the page,
+    its plot and comparison.md's serving rows share."""
+    return [(key, [r for r in records if table_key(r) == key])
+            for key in sorted({table_key(r) for r in records})]
+
+
 def order(r: Record) -> tuple:
     return (r.model, prefix_of(r), r.extra["concurrency"], r.engine != "ours", r.quant)
 
@@ -94,9 +101,7 @@ def render(results: Path, out: Path) -> Path:
     shown = newest_runs(read_records(results, kind=KIND))
     out.mkdir(parents=True, exist_ok=True)
     parts = [header(shown)]
-    for key in sorted({table_key(r) for r in shown}):
-        sub = [r for r in shown if table_key(r) == key]
-        model, prefix, _ = key
+    for (model, prefix, _), sub in tables(shown):
         w = sub[0].extra["workload"]
         what = (f"prompts {w['input_len'][0]}-{w['input_len'][1]} tokens, outputs "
                 f"{w['output_len'][0]}-{w['output_len'][1]}"
@@ -147,12 +152,10 @@ def plot(records: list[Record], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tables = sorted({table_key(r) for r in records})
-    fig, axes = plt.subplots(2, len(tables), figsize=(max(6, 4.5 * len(tables)), 7),
+    panels = tables(records)
+    fig, axes = plt.subplots(2, len(panels), figsize=(max(6, 4.5 * len(panels)), 7),
                              squeeze=False)
-    for col, key in enumerate(tables):
-        model, prefix, _ = key
-        rs = [r for r in records if table_key(r) == key]
+    for col, ((model, prefix, _), rs) in enumerate(panels):
         for build in sorted({(r.engine, r.quant) for r in rs}):
             line = sorted((r for r in rs if (r.engine, r.quant) == build),
                           key=lambda r: r.extra["concurrency"])
