@@ -123,6 +123,37 @@ def test_layer_ops_match_torch(case, dtype):
     assert err < (2e-2 if dtype == torch.bfloat16 else 1e-4), f"mlp_out relative error {err:.2e}"
 
 
+def test_decode_step_refuses_what_does_not_fit_its_stack():
+    """edge_w4::decode_step takes one cache per layer of its DecodeStack and each metadata list
+    once per KV-cache group: a mismatch is one line, not a read past a list."""
+    from edge_infer.kernels import ops
+
+    ops.load()
+    stack = torch.classes.edge_w4.DecodeStack()
+    t, res = torch.zeros(4), torch.zeros(1, 4, dtype=torch.bfloat16)
+
+    def step(caches, group, per_group):
+        return torch.ops.edge_w4.decode_step(
+            stack, res, t, 1, 1, 4, caches, group, [t] * per_group, [t] * per_group,
+            [t] * per_group, [1] * per_group, [t] * per_group, [t] * per_group,
+            [None] * per_group, [1] * per_group)
+
+    with pytest.raises(RuntimeError, match="over no layers"):
+        step([], [], 1)
+    # one layer's constants (decode_step checks the lists before it reads any of them)
+    stack.add(t, 1e-6, t, t, None, [64, 2, 0, 8, 32], None, None, 1e-6, t, 4, None, None, "",
+              1.0, 1.0, 1.0, None, -1, 0.0, t, t, None, [64, 2, 0, 8, 32], t, 1e-6, t, t, None,
+              [64, 2, 0, 8, 32], t, t, None, [64, 2, 0, 8, 32], 0)
+    assert stack.size() == 1
+    with pytest.raises(RuntimeError, match="got 0 caches and 0 group indices for 1 layers"):
+        step([], [], 1)
+    with pytest.raises(RuntimeError, match="once per KV-cache group"):
+        torch.ops.edge_w4.decode_step(stack, res, t, 1, 1, 4, [t], [0], [t], [], [t], [1], [t],
+                                      [t], [None], [1])
+    with pytest.raises(RuntimeError, match="group 1 is out of range"):
+        step([t], [1], 1)
+
+
 # -- inside vLLM --------------------------------------------------------------------------------
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Paris is the capital of"

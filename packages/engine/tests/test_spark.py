@@ -369,6 +369,10 @@ def test_fused_decode_past_the_window(w4_model, subject, ids, vllm_env_set):
         diffs, steps = decode_against_scoring(llm, prompt, subject.window + 16)
         assert steps >= subject.window + 15
         assert sum(diffs) / len(diffs) < 0.05 and max(diffs) < 0.3, diffs
+        # sliding-window and full-attention layers fall in several of vLLM's KV-cache groups
+        # (6 here), each with its own metadata, all in the one edge_w4::decode_step call
+        (groups,) = llm.apply_model(lambda m: m.__dict__["_edge_fused"].groups)
+        assert groups >= 2, groups
     finally:
         del llm
         gc.collect()

@@ -1,15 +1,17 @@
-"""The fused decode path: a decode step in one op per decoder layer.
+"""The fused decode path: a decode step in one op over the decoder layers.
 
 In a compiled decode step of qwen3-0.6b (docs/results/profile.md) our 4-bit GEMVs took 58%
 of the time; most of the rest was dispatch: inductor's wrapper calling ~10 ops per layer
 (norms, rope and activation cost microseconds of arithmetic each) and vLLM's attention
 wrappers looking the layer up in the forward context. For a step whose requests all decode
-one token (`max_query_len == 1`), this path runs each layer as one op, edge_w4::decode_layer
-(csrc/edge_layer.cpp):
+one token (`max_query_len == 1`), this path runs every layer in one op, edge_w4::decode_step
+(csrc/edge_layer.cpp), each layer as
     attn_in    residual add, RMS norm, QKV GEMV, per-head q/k norm, rope (and a head gate)
     vLLM's own CPU attention ops (its KV-cache write and attention over the cache)
     mlp_out    o_proj GEMV, residual add, RMS norm, gate_up GEMV, activation, down GEMV
-eager, with each layer's weights and attention constants gathered once. Everything else
+eager, with each layer's weights and attention constants handed to C++ once
+(edge_w4.DecodeStack): a step crosses from Python into C++ once, where one call per layer
+with some fifty arguments cost about as much as the layer's norms and rope. Everything else
 stays vLLM's: the scheduler, the KV cache and its layout, attention itself, the final norm,
 the LM head and sampling. Prefill and mixed steps, and any model this
 path does not cover, run vLLM's (compiled) forward unchanged, which is also the reference the
@@ -124,25 +126,11 @@ class Layer:
     act: int
     gate_w: torch.Tensor | None  # per-head output gate (Spark-X2.5's g_proj), [nq, H]
 
-    _views: tuple[int, torch.Tensor, torch.Tensor] | None = None
-
     def __post_init__(self) -> None:
-        # edge_w4::decode_layer's arguments before the step's and after the attention's
-        self.head = (self.ln1, self.eps1, self.qkv.q, self.qkv.s, self.qkv.z, self.qkv.meta,
-                     self.q_norm, self.k_norm, self.head_eps, self.cos_sin)
+        # edge_w4.DecodeStack.add's arguments after the attention's
         self.tail = (self.o.q, self.o.s, self.o.z, self.o.meta, self.ln2, self.eps2,
                      self.gate_up.q, self.gate_up.s, self.gate_up.z, self.gate_up.meta,
                      self.down.q, self.down.s, self.down.z, self.down.meta, self.act)
-
-    def caches(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V views of this layer's cache block tensor, as the backend makes them
-        ([blocks, kv heads, block size, 2 d] -> two [blocks, kv heads, block size, d])."""
-        cache = self.attn.kv_cache
-        if self._views is None or self._views[0] != cache.data_ptr():
-            blocks, heads, size, _ = cache.shape
-            k, v = cache.view(blocks, heads, size * 2, -1).chunk(2, dim=2)
-            self._views = (cache.data_ptr(), k, v)
-        return self._views[1], self._views[2]
 
     @classmethod
     def of(cls, layer: torch.nn.Module, i: int, tables: dict[int, torch.Tensor],
@@ -215,6 +203,20 @@ class FusedDecode:
         self.nq, self.nkv, self.d = a.num_heads, a.num_kv_heads, a.head_size
         self.q_size, self.kv_size = self.nq * self.d, self.nkv * self.d
         self.steps = 0  # decode steps run here (the tests check the path was taken)
+        self.names = [lay.name for lay in layers]
+        self.stack = None  # edge_w4.DecodeStack: every layer's constants, given once
+        self.groups = 0  # KV-cache groups in the last step (sliding-window layers make a second)
+
+    def _stack(self) -> Any:
+        """The layers' constants in C++ (edge_w4.DecodeStack), so that a step is one op call
+        rather than one per layer with some fifty arguments converted each time."""
+        stack = torch.classes.edge_w4.DecodeStack()
+        for lay in self.layers:
+            stack.add(lay.ln1, lay.eps1, lay.qkv.q, lay.qkv.s, lay.qkv.z, lay.qkv.meta, lay.q_norm,
+                      lay.k_norm, lay.head_eps, lay.cos_sin, lay.rot, lay.gate_w, lay.qkv.bias,
+                      lay.isa, lay.k_scale, lay.v_scale, lay.scale, lay.alibi, lay.window,
+                      lay.softcap, *lay.tail)
+        return stack
 
     @classmethod
     def build(cls, model: torch.nn.Module, attention: bool = True) -> FusedDecode:
@@ -240,6 +242,8 @@ class FusedDecode:
         if any(lay.attn.num_heads != built.nq or lay.attn.num_kv_heads != built.nkv
                or lay.attn.head_size != built.d for lay in built.layers):
             raise Unsupported("layers differ in head counts")
+        if attention:
+            built.stack = built._stack()
         return built
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: Any) -> torch.Tensor | None:
@@ -254,17 +258,25 @@ class FusedDecode:
             return None
         residual = residual.reshape(-1, residual.shape[-1]).clone()
         positions = positions.reshape(-1)
-        decode_layer = torch.ops.edge_w4.decode_layer
-        x = None
-        for lay in self.layers:
-            kc, vc = lay.caches()
-            meta = metas[lay.name]
-            x = decode_layer(residual, x, *lay.head, positions, self.nq, self.nkv, self.d, lay.rot,
-                             lay.gate_w, lay.qkv.bias, kc, vc, slots[lay.name], lay.isa,
-                             lay.k_scale, lay.v_scale,
-                             meta.query_start_loc, meta.seq_lens, lay.scale, meta.causal, lay.alibi,
-                             lay.window, meta.block_table, lay.softcap, meta.scheduler_metadata,
-                             meta.dynamic_causal, meta.num_actual_tokens, *lay.tail)
+        # the layers' KV-cache groups (one metadata and slot mapping each, e.g. sliding-window
+        # and full-attention layers) are told apart by the objects vLLM hands each layer
+        firsts: list[str] = []
+        group: list[int] = []
+        seen: dict[tuple[int, int], int] = {}
+        for n in self.names:
+            g = seen.setdefault((id(metas[n]), id(slots[n])), len(firsts))
+            if g == len(firsts):
+                firsts.append(n)
+            group.append(g)
+        gm = [metas[n] for n in firsts]
+        self.groups = len(gm)
+        x = torch.ops.edge_w4.decode_step(
+            self.stack, residual, positions, self.nq, self.nkv, self.d,
+            [lay.attn.kv_cache for lay in self.layers], group, [slots[n] for n in firsts],
+            [m.query_start_loc for m in gm], [m.seq_lens for m in gm],
+            [int(m.causal) for m in gm], [m.block_table for m in gm],
+            [m.scheduler_metadata for m in gm], [m.dynamic_causal for m in gm],
+            [m.num_actual_tokens for m in gm])
         hidden, _ = self.inner.norm(x, residual)
         self.steps += 1
         return hidden

@@ -12,6 +12,7 @@
 // GEMV, q and k after rope, and the activation product. The activations are bf16 (where the
 // CPU multiplies bf16) or fp32 (AVX2 without it): each op is a template on that type, and for
 // fp32 the rounding is the identity.
+#include <ATen/record_function.h>
 #include <torch/extension.h>
 
 #include <immintrin.h>
@@ -417,67 +418,177 @@ c10::OperatorHandle vllm_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
 }
 
-// One decoder layer of a decode step in one call: attn_in, then vLLM's KV-cache write and
-// attention over the cache (what CPUAttentionBackendImpl.do_kv_cache_update and .forward
-// call for decoder self-attention), then mlp_out. Returns the layer's output x.
-torch::Tensor decode_layer(
-    torch::Tensor residual, const c10::optional<torch::Tensor>& x, const torch::Tensor& ln, double eps,
-    const torch::Tensor& wq, const torch::Tensor& ws, const c10::optional<torch::Tensor>& wz,
-    c10::IntArrayRef meta, const c10::optional<torch::Tensor>& q_norm,
-    const c10::optional<torch::Tensor>& k_norm, double head_eps, const torch::Tensor& cos_sin,
-    const torch::Tensor& positions, int64_t nq, int64_t nkv, int64_t d, int64_t rot,
-    const c10::optional<torch::Tensor>& gate_w, const c10::optional<torch::Tensor>& qkv_bias,
-    // attention: the cache views, this step's metadata and the layer's constants
-    torch::Tensor key_cache, torch::Tensor value_cache, const torch::Tensor& slot_mapping,
-    const std::string& isa, double k_scale, double v_scale, const torch::Tensor& query_start_loc,
-    const torch::Tensor& seq_lens, double scale, bool causal, const c10::optional<torch::Tensor>& alibi,
-    int64_t window, const torch::Tensor& block_table, double softcap,
-    const torch::Tensor& scheduler_metadata, const c10::optional<torch::Tensor>& dynamic_causal,
-    int64_t num_actual_tokens,
-    // the MLP half
-    const torch::Tensor& oq, const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
-    c10::IntArrayRef ometa, const torch::Tensor& ln2, double eps2, const torch::Tensor& gq,
-    const torch::Tensor& gs, const c10::optional<torch::Tensor>& gz, c10::IntArrayRef gmeta,
-    const torch::Tensor& dq, const torch::Tensor& ds, const c10::optional<torch::Tensor>& dz,
-    c10::IntArrayRef dmeta, int64_t act) {
-  auto [qkv, gates] = attn_in(residual, x, ln, eps, wq, ws, wz, meta, q_norm, k_norm, head_eps,
-                              cos_sin, positions, nq, nkv, d, rot, gate_w, qkv_bias);
+// One decoder layer's constants: all but the step's activations, KV-cache views and
+// attention metadata.
+struct LayerArgs {
+  torch::Tensor ln;
+  double eps;
+  torch::Tensor wq, ws;
+  c10::optional<torch::Tensor> wz;
+  std::vector<int64_t> meta;
+  c10::optional<torch::Tensor> q_norm, k_norm;
+  double head_eps;
+  torch::Tensor cos_sin;
+  int64_t rot;
+  c10::optional<torch::Tensor> gate_w, qkv_bias;
+  std::string isa;
+  double k_scale, v_scale, scale;
+  c10::optional<torch::Tensor> alibi;
+  int64_t window;
+  double softcap;
+  torch::Tensor oq, os;
+  c10::optional<torch::Tensor> oz;
+  std::vector<int64_t> ometa;
+  torch::Tensor ln2;
+  double eps2;
+  torch::Tensor gq, gs;
+  c10::optional<torch::Tensor> gz;
+  std::vector<int64_t> gmeta;
+  torch::Tensor dq, ds;
+  c10::optional<torch::Tensor> dz;
+  std::vector<int64_t> dmeta;
+  int64_t act;
+};
+
+// A decode step's shape and attention metadata, the same for every layer of one KV-cache group.
+struct StepArgs {
+  torch::Tensor positions;
+  int64_t nq, nkv, d;
+  torch::Tensor slot_mapping, query_start_loc, seq_lens;
+  bool causal;
+  torch::Tensor block_table, scheduler_metadata;
+  c10::optional<torch::Tensor> dynamic_causal;
+  int64_t num_actual_tokens;
+};
+
+// One decoder layer of a decode step: attn_in, then vLLM's KV-cache write and attention over
+// the cache (what CPUAttentionBackendImpl.do_kv_cache_update and .forward call for decoder
+// self-attention), then mlp_out. Returns the layer's output x.
+torch::Tensor run_layer(const LayerArgs& L, const StepArgs& S, torch::Tensor residual,
+                        const c10::optional<torch::Tensor>& x, const torch::Tensor& key_cache,
+                        const torch::Tensor& value_cache) {
+  const int64_t nq = S.nq, nkv = S.nkv, d = S.d;
+  auto [qkv, gates] = attn_in(residual, x, L.ln, L.eps, L.wq, L.ws, L.wz, L.meta, L.q_norm, L.k_norm,
+                              L.head_eps, L.cos_sin, S.positions, nq, nkv, d, L.rot, L.gate_w, L.qkv_bias);
   const int64_t m = residual.size(0);
-  TORCH_CHECK(num_actual_tokens >= 0 && num_actual_tokens <= m, "edge_w4: num_actual_tokens out of range");
+  TORCH_CHECK(S.num_actual_tokens >= 0 && S.num_actual_tokens <= m, "edge_w4: num_actual_tokens out of range");
   auto q = qkv.narrow(1, 0, nq * d).view({m, nq, d});
   auto k = qkv.narrow(1, nq * d, nkv * d).view({m, nkv, d});
   auto v = qkv.narrow(1, (nq + nkv) * d, nkv * d).view({m, nkv, d});
   // looked up once (every layer of every decode step calls them)
   static const c10::OperatorHandle cache_op = vllm_op("_C::cpu_attn_reshape_and_cache");
   static const c10::OperatorHandle attn_op = vllm_op("_C::cpu_attention_with_kv_cache");
-  torch::jit::Stack cache_args{k, v, key_cache, value_cache, slot_mapping, isa, k_scale, v_scale,
+  torch::jit::Stack cache_args{k, v, key_cache, value_cache, S.slot_mapping, L.isa, L.k_scale, L.v_scale,
                                std::string("auto")};
   cache_op.callBoxed(&cache_args);
   auto out = torch::empty({m, nq, d}, residual.options());
   auto none = c10::IValue();
   torch::jit::Stack attn_args{
-      q.narrow(0, 0, num_actual_tokens), key_cache, value_cache, out.narrow(0, 0, num_actual_tokens),
-      query_start_loc, seq_lens, scale, causal, alibi.has_value() ? c10::IValue(*alibi) : none,
-      window, block_table, softcap, scheduler_metadata, none,
-      dynamic_causal.has_value() ? c10::IValue(*dynamic_causal) : none, k_scale, v_scale,
+      q.narrow(0, 0, S.num_actual_tokens), key_cache, value_cache, out.narrow(0, 0, S.num_actual_tokens),
+      S.query_start_loc, S.seq_lens, L.scale, S.causal, L.alibi.has_value() ? c10::IValue(*L.alibi) : none,
+      L.window, S.block_table, L.softcap, S.scheduler_metadata, none,
+      S.dynamic_causal.has_value() ? c10::IValue(*S.dynamic_causal) : none, L.k_scale, L.v_scale,
       std::string("auto")};
   attn_op.callBoxed(&attn_args);
-  return mlp_out(residual, out.view({m, nq * d}), oq, os, oz, ometa, ln2, eps2, gq, gs, gz, gmeta, dq,
-                 ds, dz, dmeta, act, gates.numel() ? c10::optional<torch::Tensor>(gates) : c10::nullopt);
+  return mlp_out(residual, out.view({m, nq * d}), L.oq, L.os, L.oz, L.ometa, L.ln2, L.eps2, L.gq, L.gs, L.gz,
+                 L.gmeta, L.dq, L.ds, L.dz, L.dmeta, L.act,
+                 gates.numel() ? c10::optional<torch::Tensor>(gates) : c10::nullopt);
+}
+
+// Every decoder layer's constants, given once when the fused path is built (edge_w4.DecodeStack
+// in Python), so that a decode step crosses from Python into C++ once (edge_w4::decode_step)
+// instead of once per layer with some fifty arguments to convert. The cache views are
+// remade only when a layer's cache tensor moves.
+struct DecodeStack : torch::CustomClassHolder {
+  std::vector<LayerArgs> layers;
+  std::vector<std::tuple<const void*, torch::Tensor, torch::Tensor>> views;
+
+  // one layer's constants, in the order of run_layer's LayerArgs
+  void add(const torch::Tensor& ln, double eps, const torch::Tensor& wq, const torch::Tensor& ws,
+           const c10::optional<torch::Tensor>& wz, std::vector<int64_t> meta,
+           const c10::optional<torch::Tensor>& q_norm, const c10::optional<torch::Tensor>& k_norm,
+           double head_eps, const torch::Tensor& cos_sin, int64_t rot,
+           const c10::optional<torch::Tensor>& gate_w, const c10::optional<torch::Tensor>& qkv_bias,
+           std::string isa, double k_scale, double v_scale, double scale,
+           const c10::optional<torch::Tensor>& alibi, int64_t window, double softcap,
+           const torch::Tensor& oq, const torch::Tensor& os, const c10::optional<torch::Tensor>& oz,
+           std::vector<int64_t> ometa, const torch::Tensor& ln2, double eps2, const torch::Tensor& gq,
+           const torch::Tensor& gs, const c10::optional<torch::Tensor>& gz, std::vector<int64_t> gmeta,
+           const torch::Tensor& dq, const torch::Tensor& ds, const c10::optional<torch::Tensor>& dz,
+           std::vector<int64_t> dmeta, int64_t act) {
+    layers.push_back(LayerArgs{ln, eps, wq, ws, wz, std::move(meta), q_norm, k_norm, head_eps, cos_sin, rot,
+                               gate_w, qkv_bias, std::move(isa), k_scale, v_scale, scale, alibi, window,
+                               softcap, oq, os, oz, std::move(ometa), ln2, eps2, gq, gs, gz,
+                               std::move(gmeta), dq, ds, dz, std::move(dmeta), act});
+    views.emplace_back(nullptr, torch::Tensor(), torch::Tensor());
+  }
+
+  int64_t size() const { return static_cast<int64_t>(layers.size()); }
+
+  // layer i's K and V views of its cache block tensor, as the backend makes them
+  // ([blocks, kv heads, block size, 2 d] -> two [blocks, kv heads, block size, d])
+  const std::tuple<const void*, torch::Tensor, torch::Tensor>& cache_views(size_t i, const torch::Tensor& cache) {
+    auto& v = views[i];
+    if (std::get<0>(v) != cache.data_ptr()) {
+      TORCH_CHECK(cache.dim() == 4 && cache.size(3) % 2 == 0, "edge_w4: layer ", i,
+                  "'s KV cache is not [blocks, kv heads, block size, 2 d]");
+      auto kv = cache.view({cache.size(0), cache.size(1), cache.size(2) * 2, -1}).chunk(2, 2);
+      v = std::make_tuple(cache.data_ptr(), kv[0], kv[1]);
+    }
+    return v;
+  }
+};
+
+// Every layer of a decode step. The layers fall in KV-cache groups (vLLM's: e.g. sliding-window
+// and full-attention layers), each with its own slot mapping and attention metadata, given
+// once per group; group[i] is layer i's. caches: each layer's cache block tensor. Returns the
+// last layer's output x.
+torch::Tensor decode_step(const c10::intrusive_ptr<DecodeStack>& stack, torch::Tensor residual,
+                          const torch::Tensor& positions, int64_t nq, int64_t nkv, int64_t d,
+                          at::TensorList caches, c10::IntArrayRef group, at::TensorList slot_mapping,
+                          at::TensorList query_start_loc, at::TensorList seq_lens, c10::IntArrayRef causal,
+                          at::TensorList block_table, at::TensorList scheduler_metadata,
+                          const c10::List<c10::optional<torch::Tensor>>& dynamic_causal,
+                          c10::IntArrayRef num_actual_tokens) {
+  const size_t layers = stack->layers.size(), groups = slot_mapping.size();
+  TORCH_CHECK(layers > 0, "edge_w4: decode_step over no layers");
+  TORCH_CHECK(caches.size() == layers && group.size() == layers, "edge_w4: decode_step got ",
+              caches.size(), " caches and ", group.size(), " group indices for ", layers, " layers");
+  TORCH_CHECK(query_start_loc.size() == groups && seq_lens.size() == groups && causal.size() == groups &&
+                  block_table.size() == groups && scheduler_metadata.size() == groups &&
+                  dynamic_causal.size() == groups && num_actual_tokens.size() == groups,
+              "edge_w4: decode_step needs each metadata list once per KV-cache group (", groups, ")");
+  std::vector<StepArgs> steps;
+  steps.reserve(groups);
+  for (size_t g = 0; g < groups; ++g) {
+    steps.push_back(StepArgs{positions, nq, nkv, d, slot_mapping[g], query_start_loc[g], seq_lens[g],
+                             causal[g] != 0, block_table[g], scheduler_metadata[g], dynamic_causal.get(g),
+                             num_actual_tokens[g]});
+  }
+  c10::optional<torch::Tensor> x;
+  for (size_t i = 0; i < layers; ++i) {
+    TORCH_CHECK(group[i] >= 0 && static_cast<size_t>(group[i]) < groups, "edge_w4: layer ", i,
+                "'s KV-cache group ", group[i], " is out of range");
+    // each layer under its own name in torch's profiler (bench profile's per-layer calls)
+    RECORD_FUNCTION("edge_w4::decode_layer", std::vector<c10::IValue>());
+    const auto& [ptr, kc, vc] = stack->cache_views(i, caches[i]);
+    x = run_layer(stack->layers[i], steps[group[i]], residual, x, kc, vc);
+  }
+  return *x;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(edge_w4, m) {
-  m.def("decode_layer(Tensor(a!) residual, Tensor? x, Tensor ln, float eps, Tensor wq, Tensor ws, "
-        "Tensor? wz, int[] meta, Tensor? q_norm, Tensor? k_norm, float head_eps, Tensor cos_sin, "
-        "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w, Tensor? qkv_bias, "
-        "Tensor(b!) key_cache, Tensor(c!) value_cache, Tensor slot_mapping, str isa, float k_scale, "
-        "float v_scale, Tensor query_start_loc, Tensor seq_lens, float scale, bool causal, "
-        "Tensor? alibi, int window, Tensor block_table, float softcap, Tensor scheduler_metadata, "
-        "Tensor? dynamic_causal, int num_actual_tokens, "
-        "Tensor oq, Tensor os, Tensor? oz, int[] ometa, Tensor ln2, float eps2, Tensor gq, Tensor gs, "
-        "Tensor? gz, int[] gmeta, Tensor dq, Tensor ds, Tensor? dz, int[] dmeta, int act) -> Tensor");
+  m.class_<DecodeStack>("DecodeStack")
+      .def(torch::init<>())
+      .def("add", &DecodeStack::add)
+      .def("size", &DecodeStack::size);
+  m.def("decode_step(__torch__.torch.classes.edge_w4.DecodeStack stack, Tensor(a!) residual, "
+        "Tensor positions, int nq, int nkv, int d, Tensor(b!)[] caches, int[] group, "
+        "Tensor[] slot_mapping, Tensor[] query_start_loc, Tensor[] seq_lens, int[] causal, "
+        "Tensor[] block_table, Tensor[] scheduler_metadata, Tensor?[] dynamic_causal, "
+        "int[] num_actual_tokens) -> Tensor");
   m.def("attn_in(Tensor(a!) residual, Tensor? x, Tensor ln, float eps, Tensor wq, Tensor ws, "
         "Tensor? wz, int[] meta, Tensor? q_norm, Tensor? k_norm, float head_eps, Tensor cos_sin, "
         "Tensor positions, int nq, int nkv, int d, int rot, Tensor? gate_w, Tensor? qkv_bias) "
@@ -490,5 +601,5 @@ TORCH_LIBRARY_FRAGMENT(edge_w4, m) {
 TORCH_LIBRARY_IMPL(edge_w4, CPU, m) {
   m.impl("attn_in", &attn_in);
   m.impl("mlp_out", &mlp_out);
-  m.impl("decode_layer", &decode_layer);
+  m.impl("decode_step", &decode_step);
 }
