@@ -25,7 +25,10 @@ RUNS = (("20261201T151411-3360", "20261201T101122-7520", "qwen3-0.6b-random"),
         ("20261202T154904-8960", None, "qwen3-0.6b-random"),
         ("20261202T154904-8960", None, "spark-x2.5-1.7b-random"),
         ("20261202T202136-0368", "20261202T203236-4480", "qwen3-0.6b-random"),
-        ("20261202T202136-0368", "20261202T203236-4480", "spark-x2.5-1.7b-random"))
+        ("20261202T202136-0368", "20261202T203236-4480", "spark-x2.5-1.7b-random"),
+        # the Zen 5 EPYC (AuthenticAMD 26/2/1: full-width AVX-512, no AMX)
+        ("20261207T231700-8336", "20261207T231959-6880", "qwen3-0.6b-random"),
+        ("20261207T231700-8336", "20261207T231959-6880", "spark-x2.5-1.7b-random"))
 LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 BATCH = (2, 4, 8, 16)
 
