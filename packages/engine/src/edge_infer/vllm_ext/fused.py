@@ -126,12 +126,6 @@ class Layer:
     act: int
     gate_w: torch.Tensor | None  # per-head output gate (Spark-X2.5's g_proj), [nq, H]
 
-    def __post_init__(self) -> None:
-        # edge_w4.DecodeStack.add's arguments after the attention's
-        self.tail = (self.o.q, self.o.s, self.o.z, self.o.meta, self.ln2, self.eps2,
-                     self.gate_up.q, self.gate_up.s, self.gate_up.z, self.gate_up.meta,
-                     self.down.q, self.down.s, self.down.z, self.down.meta, self.act)
-
     @classmethod
     def of(cls, layer: torch.nn.Module, i: int, tables: dict[int, torch.Tensor],
            dtype: torch.dtype, attention: bool = True) -> Layer:
@@ -215,7 +209,9 @@ class FusedDecode:
             stack.add(lay.ln1, lay.eps1, lay.qkv.q, lay.qkv.s, lay.qkv.z, lay.qkv.meta, lay.q_norm,
                       lay.k_norm, lay.head_eps, lay.cos_sin, lay.rot, lay.gate_w, lay.qkv.bias,
                       lay.isa, lay.k_scale, lay.v_scale, lay.scale, lay.alibi, lay.window,
-                      lay.softcap, *lay.tail)
+                      lay.softcap, lay.o.q, lay.o.s, lay.o.z, lay.o.meta, lay.ln2, lay.eps2,
+                      lay.gate_up.q, lay.gate_up.s, lay.gate_up.z, lay.gate_up.meta,
+                      lay.down.q, lay.down.s, lay.down.z, lay.down.meta, lay.act)
         return stack
 
     @classmethod
